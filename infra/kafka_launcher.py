@@ -1,0 +1,225 @@
+"""A real single-node Apache Kafka (KRaft) for local runs, tests and CI.
+
+Life of the local broker:
+1. ``check_toolchain`` finds Java >= 17 and Maven, or says exactly what to install.
+2. ``resolve_jars`` runs ``mvn dependency:copy-dependencies`` on ``infra/kafka/pom.xml`` once per
+   Kafka version; the jars land in ``<home>/kafka/<version>/libs`` (Maven's own ~/.m2 cache
+   makes a second resolution cheap).
+3. ``format_storage`` writes ``server.properties`` and formats the KRaft log directory once
+   (``kafka.tools.StorageTool format``); later starts reuse the data.
+4. ``start`` launches ``kafka.Kafka`` in its own process group, records its PID under
+   ``<home>/run/kafka.pid`` and waits until the broker answers a metadata request.
+5. ``stop`` (via ``phaseroute down``) terminates every process whose PID file ``up`` wrote.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from base64 import urlsafe_b64encode
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from phaseroute.config import Settings
+from phaseroute.infra import processes
+
+JAVA_MIN_MAJOR = 17
+BROKER_MAIN = "kafka.Kafka"
+STORAGE_TOOL = "kafka.tools.StorageTool"
+
+
+class ToolchainError(RuntimeError):
+    """Java or Maven is missing or too old; the message says what to install."""
+
+
+class BrokerStartError(RuntimeError):
+    """The broker did not come up; the message carries the tail of its log."""
+
+
+@dataclass(frozen=True)
+class KafkaLayout:
+    """Where one Kafka version keeps its jars, config, data and log."""
+
+    root: Path
+
+    @property
+    def libs(self) -> Path:
+        return self.root / "libs"
+
+    @property
+    def config(self) -> Path:
+        return self.root / "server.properties"
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def log_file(self) -> Path:
+        return self.root / "broker.log"
+
+
+def layout_for(settings: Settings) -> KafkaLayout:
+    return KafkaLayout(settings.home / "kafka" / settings.kafka_version)
+
+
+def java_major_version(java: str) -> int:
+    """Major version of a ``java`` executable (``java -version`` prints it on stderr)."""
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if not match:
+        raise ToolchainError(f"cannot read the version of {java!r}: {out.stderr.strip()[:200]!r}")
+    major = int(match.group(1))
+    return int(match.group(2)) if major == 1 and match.group(2) else major
+
+
+def check_toolchain() -> tuple[str, str]:
+    """Return (java, mvn) executables, or raise ToolchainError saying exactly what to install."""
+    java = shutil.which("java")
+    mvn = shutil.which("mvn")
+    missing = []
+    if java is None:
+        missing.append(f"Java {JAVA_MIN_MAJOR}+ (Debian/Ubuntu: `apt-get install openjdk-17-jre-headless`)")
+    if mvn is None:
+        missing.append("Apache Maven 3.6+ (Debian/Ubuntu: `apt-get install maven`)")
+    if missing:
+        raise ToolchainError(
+            "the local Kafka broker needs " + " and ".join(missing)
+            + "; or point phaseroute at an existing cluster with --bootstrap-servers / PHASEROUTE_BOOTSTRAP_SERVERS"
+        )
+    assert java is not None and mvn is not None
+    major = java_major_version(java)
+    if major < JAVA_MIN_MAJOR:
+        raise ToolchainError(
+            f"{java} is Java {major}; Kafka needs Java {JAVA_MIN_MAJOR}+ "
+            "(Debian/Ubuntu: `apt-get install openjdk-17-jre-headless`, then put it first on PATH)"
+        )
+    return java, mvn
+
+
+def resolve_jars(settings: Settings, mvn: str) -> Path:
+    """Copy the broker's runtime classpath from Maven Central into the layout (once per version)."""
+    layout = layout_for(settings)
+    marker = layout.libs / ".resolved"
+    if marker.exists():
+        return layout.libs
+    layout.libs.mkdir(parents=True, exist_ok=True)
+    pom = resources.files("phaseroute.infra") / "kafka" / "pom.xml"
+    with resources.as_file(pom) as pom_path:
+        cmd = [
+            mvn, "-q", "-B", "-f", str(pom_path),
+            f"-Dkafka.version={settings.kafka_version}",
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={layout.libs}", "-DincludeScope=runtime",
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0 or not any(layout.libs.glob(f"kafka_2.13-{settings.kafka_version}.jar")):
+        raise ToolchainError(
+            f"Maven could not resolve Apache Kafka {settings.kafka_version} (exit {proc.returncode}): "
+            + (proc.stdout + proc.stderr).strip()[-1500:]
+        )
+    marker.write_text(settings.kafka_version)
+    return layout.libs
+
+
+def server_properties(settings: Settings, layout: KafkaLayout) -> str:
+    """The broker+controller configuration of the single local node."""
+    port, cport = settings.kafka_port, settings.kafka_controller_port
+    return "\n".join([
+        "process.roles=broker,controller",
+        "node.id=1",
+        f"controller.quorum.voters=1@localhost:{cport}",
+        f"listeners=PLAINTEXT://localhost:{port},CONTROLLER://localhost:{cport}",
+        f"advertised.listeners=PLAINTEXT://localhost:{port}",
+        "controller.listener.names=CONTROLLER",
+        "inter.broker.listener.name=PLAINTEXT",
+        "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        f"log.dirs={layout.data}",
+        # topics come from phaseroute.infra.topics (Faust creates its own changelogs)
+        "auto.create.topics.enable=false",
+        "num.partitions=1",
+        "offsets.topic.replication.factor=1",
+        "offsets.topic.num.partitions=8",
+        "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1",
+        "share.coordinator.state.topic.replication.factor=1",
+        "share.coordinator.state.topic.min.isr=1",
+        "group.initial.rebalance.delay.ms=0",
+        "log.cleaner.backoff.ms=5000",
+        "",
+    ])
+
+
+def format_storage(settings: Settings, java: str, libs: Path) -> None:
+    """Write server.properties and format the KRaft storage the first time only."""
+    layout = layout_for(settings)
+    layout.config.write_text(server_properties(settings, layout))
+    if (layout.data / "meta.properties").exists():
+        return
+    cluster_id = urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cmd = [java, "-cp", f"{libs}/*", STORAGE_TOOL, "format", "-t", cluster_id, "-c", str(layout.config)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise BrokerStartError(f"formatting Kafka storage in {layout.data} failed: {(proc.stdout + proc.stderr)[-1500:]}")
+
+
+def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
+    """True when a metadata request to ``bootstrap`` succeeds."""
+    from confluent_kafka.admin import AdminClient
+
+    # log_level 0: a broker that is not up yet is expected here, not worth a log line per retry
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 1000, "log_level": 0})
+    try:
+        admin.list_topics(timeout=timeout_s)
+        return True
+    except Exception:  # KafkaException: not up yet
+        return False
+
+
+def start(settings: Settings) -> int:
+    """Start the local broker unless ours is already running; return its PID."""
+    running = processes.alive_pid(settings.run_dir, "kafka")
+    if running is not None:
+        return running
+    java, mvn = check_toolchain()
+    libs = resolve_jars(settings, mvn)
+    format_storage(settings, java, libs)
+    layout = layout_for(settings)
+    log4j = resources.files("phaseroute.infra") / "kafka" / "log4j2.properties"
+    cmd = [
+        java, f"-Xmx{settings.kafka_heap}", f"-Xms{settings.kafka_heap}", "-XX:+UseG1GC",
+        f"-Dlog4j2.configurationFile={log4j}", f"-Dphaseroute.kafka.log={layout.log_file}",
+        "-cp", f"{libs}/*", BROKER_MAIN, str(layout.config),
+    ]
+    pid = processes.spawn(settings.run_dir, "kafka", cmd, log_path=layout.root / "stdout.log")
+    bootstrap = settings.bootstrap_servers
+    deadline = time.monotonic() + settings.kafka_start_timeout_s
+    while time.monotonic() < deadline:
+        if processes.alive_pid(settings.run_dir, "kafka") is None:
+            raise BrokerStartError(f"Kafka exited during start-up; last log lines:\n{_tail(layout)}")
+        if broker_answers(bootstrap):
+            return pid
+        time.sleep(0.5)
+    processes.stop(settings.run_dir, "kafka")
+    raise BrokerStartError(
+        f"Kafka did not answer on {bootstrap} within {settings.kafka_start_timeout_s:.0f} s; last log lines:\n{_tail(layout)}"
+    )
+
+
+def _tail(layout: KafkaLayout, lines: int = 30) -> str:
+    chunks = []
+    for path in (layout.root / "stdout.log", layout.log_file):
+        if path.exists():
+            chunks.extend(path.read_text(errors="replace").splitlines()[-lines:])
+    return "\n".join(chunks) or "(no log written)"
+
+
+if __name__ == "__main__":  # pragma: no cover - manual use: python -m phaseroute.infra.kafka_launcher
+    from phaseroute.config import settings
+
+    print(start(settings()), file=sys.stderr)

@@ -1,0 +1,144 @@
+"""Every Kafka topic phaseroute uses, declared once: name, partitions, replication, retention,
+compaction, the Avro kind of its values and what keys it.
+
+``provision`` creates what is missing and checks that what exists matches the spec: a
+topic with other partitions or another cleanup policy is a ``TopicMismatchError`` naming the
+topic, the setting, the expected and the actual value — never silent drift.
+
+Per-pool topics (``prefill.<pool>``, ``decode.<pool>``) are templates instantiated for each
+pool that is started.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+DAY_MS = 24 * 3600 * 1000
+# Faust tables are co-partitioned with the control-plane streams that feed them; they all
+# use this many partitions, and the Faust app's topic_partitions is set to it.
+CONTROL_PARTITIONS = 4
+POOL_PARTITIONS = 6  # up to 6 workers of one phase can share a pool's work
+POOL_NAME = re.compile(r"^[a-z][a-z0-9-]{0,47}$")
+
+
+class UnknownTopicError(KeyError):
+    """A topic name that the spec does not declare."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
+        return str(self.args[0])
+
+
+class TopicMismatchError(RuntimeError):
+    """An existing topic differs from the spec."""
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """One topic as phaseroute expects it to be."""
+
+    name: str
+    partitions: int
+    value_kind: str  # Avro message kind (schemas/avro/<kind>.avsc)
+    key: str  # what the record key is
+    doc: str
+    compacted: bool = False
+    retention_ms: int = 7 * DAY_MS
+    replication: int = 1
+    copartition_group: str | None = None
+    extra_config: tuple[tuple[str, str], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.partitions < 1:
+            raise ValueError(f"topic {self.name!r}: partitions must be >= 1, got {self.partitions}")
+        if self.replication < 1:
+            raise ValueError(f"topic {self.name!r}: replication must be >= 1, got {self.replication}")
+
+    def config(self) -> dict[str, str]:
+        """The topic-level configs provisioning sets and checks."""
+        cfg = {"cleanup.policy": "compact" if self.compacted else "delete", "retention.ms": str(self.retention_ms)}
+        if self.compacted:
+            # small segments so the cleaner actually runs on a quiet local broker
+            cfg.update({"segment.ms": str(600_000), "min.cleanable.dirty.ratio": "0.1"})
+        cfg.update(dict(self.extra_config))
+        return cfg
+
+
+def _control(name: str, kind: str, key: str, doc: str, **kw: object) -> TopicSpec:
+    return TopicSpec(name, CONTROL_PARTITIONS, kind, key, doc, copartition_group="control", **kw)  # type: ignore[arg-type]
+
+
+STATIC_TOPICS: tuple[TopicSpec, ...] = (
+    _control("jobs.submitted", "job_submitted", "job_id", "Jobs as producers submit them (idempotent by job_id)."),
+    _control("jobs.commands", "job_command", "job_id", "Operator/tenant commands on a job (cancel)."),
+    _control("jobs.events", "job_event", "job_id", "Every job life-cycle event: admitted, rejected + reason, progress, done.", retention_ms=30 * DAY_MS),
+    _control("jobs.state", "job_event", "job_id", "Latest event per job (compacted): job state rebuilt after any restart.", compacted=True, retention_ms=-1),
+    _control("requests.pending", "request", "tenant", "Admitted requests waiting for the fair scheduler."),
+    _control("kv.ready", "kv_ready", "job_id", "Prefill finished: where the KV blob is, its size and checksum."),
+    _control("results", "result", "job_id", "One result per finished attempt (dedup by request_id downstream)."),
+    TopicSpec("telemetry.phase", 2, "phase_telemetry", "pool", "One record per executed batch, for ClickHouse."),
+    TopicSpec("pools.heartbeat", 1, "pool_heartbeat", "worker_id", "Worker liveness, queue depth, memory.", retention_ms=DAY_MS),
+    TopicSpec("profiles", 1, "profile_row", "model|phase|pool|variant", "Measured profile rows (compacted) the router joins against.", compacted=True, retention_ms=-1),
+    TopicSpec("deadletter", 1, "dead_letter", "source topic", "Undecodable or invalid messages, each with its reason.", retention_ms=30 * DAY_MS),
+)
+
+POOL_TOPIC_TEMPLATES: dict[str, tuple[str, str]] = {
+    "prefill": ("prefill_work", "Prefill (or colocated) work for the pool's workers."),
+    "decode": ("decode_work", "Decode work (KV already prefilled elsewhere) for the pool's workers."),
+}
+
+
+def check_pool_name(pool: str) -> str:
+    if not POOL_NAME.match(pool):
+        raise ValueError(f"pool name {pool!r} must match {POOL_NAME.pattern} (lower case, digits, '-')")
+    return pool
+
+
+def pool_topics(pool: str, partitions: int = POOL_PARTITIONS) -> tuple[TopicSpec, ...]:
+    """The per-pool work topics of ``pool``."""
+    check_pool_name(pool)
+    return tuple(
+        TopicSpec(f"{phase}.{pool}", partitions, kind, "request_id", doc)
+        for phase, (kind, doc) in POOL_TOPIC_TEMPLATES.items()
+    )
+
+
+def prefixed(specs: Iterable[TopicSpec], prefix: str) -> list[TopicSpec]:
+    """The specs with every name prefixed (several deployments sharing one cluster)."""
+    from dataclasses import replace
+
+    return [replace(s, name=prefix + s.name) for s in specs]
+
+
+def spec_for(name: str, pools: Sequence[str] = ()) -> TopicSpec:
+    """The spec of ``name``; an unknown name is an error listing the known ones."""
+    specs = {s.name: s for s in all_topics(pools)}
+    if name in specs:
+        return specs[name]
+    phase, _, pool = name.partition(".")
+    if phase in POOL_TOPIC_TEMPLATES and pool:
+        return {s.name: s for s in pool_topics(pool)}[name]
+    raise UnknownTopicError(
+        f"topic {name!r} is not in the phaseroute topic spec; known: "
+        + ", ".join(sorted(specs)) + ", and prefill.<pool> / decode.<pool>"
+    )
+
+
+def all_topics(pools: Sequence[str] = ()) -> list[TopicSpec]:
+    specs = list(STATIC_TOPICS)
+    for pool in pools:
+        specs.extend(pool_topics(pool))
+    check_copartitioning(specs)
+    return specs
+
+
+def check_copartitioning(specs: Iterable[TopicSpec]) -> None:
+    """Topics in one co-partition group must have equal partition counts."""
+    groups: dict[str, dict[str, int]] = {}
+    for s in specs:
+        if s.copartition_group:
+            groups.setdefault(s.copartition_group, {})[s.name] = s.partitions
+    for group, members in groups.items():
+        if len(set(members.values())) > 1:
+            raise TopicMismatchError(f"co-partition group {group!r} has unequal partition counts: {members}")

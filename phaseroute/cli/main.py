@@ -1,0 +1,29 @@
+"""The ``phaseroute`` command: one typer app, each command group in its own module."""
+
+from __future__ import annotations
+
+import typer
+
+from phaseroute.cli import common, stack
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="phaseroute: offline LLM batch inference over Kafka.")
+
+
+@app.callback()
+def _global_options(
+    bootstrap_servers: str = typer.Option(
+        None, "--bootstrap-servers", "-b",
+        help="Use this Kafka cluster instead of the local broker (env PHASEROUTE_BOOTSTRAP_SERVERS).",
+    ),
+    home: str = typer.Option(None, "--home", help="State directory (env PHASEROUTE_HOME)."),
+) -> None:
+    common.apply_global_options(bootstrap_servers, home)
+
+
+app.command("up")(stack.up)
+app.command("down")(stack.down)
+app.command("topics")(stack.list_topics)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

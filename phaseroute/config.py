@@ -1,0 +1,129 @@
+"""Typed settings for every phaseroute process.
+
+Every field reads an environment variable with the ``PHASEROUTE_`` prefix (for example
+``PHASEROUTE_BOOTSTRAP_SERVERS``); command-line flags override the environment. Invalid
+values fail at start-up with an error that names the variable and the bad value.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_home() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "phaseroute"
+
+
+class ConfigError(ValueError):
+    """A setting has a value phaseroute cannot use; the message names it."""
+
+
+class Settings(BaseSettings):
+    """Where phaseroute finds Kafka, ClickHouse and its local state."""
+
+    model_config = SettingsConfigDict(env_prefix="PHASEROUTE_", extra="ignore", validate_default=True)
+
+    home: Path = Field(
+        default_factory=_default_home,
+        description="State directory: Kafka jars and logs, chdb data, KV store, model cache, PID files.",
+    )
+    bootstrap_servers: str = Field(
+        default="",
+        description="Kafka bootstrap servers (host:port[,host:port...]) of an existing cluster. "
+        "Unset: the local broker that `phaseroute up` starts on localhost:<kafka_port>.",
+    )
+    kafka_version: str = Field(default="4.1.1", description="Apache Kafka version resolved from Maven Central by `phaseroute up`.")
+    kafka_port: int = Field(default=9092, ge=1, le=65535, description="Broker listener port of the local broker.")
+    kafka_controller_port: int = Field(default=9093, ge=1, le=65535, description="KRaft controller port of the local broker.")
+    kafka_heap: str = Field(default="512m", description="Java heap (-Xmx) of the local broker.")
+    kafka_start_timeout_s: float = Field(default=60.0, gt=0, description="How long `phaseroute up` waits for the broker to answer.")
+    clickhouse_url: str | None = Field(
+        default=None,
+        description="ClickHouse server URL (http://user:pass@host:8123/db). Unset: embedded chdb under home/chdb.",
+    )
+    clickhouse_database: str = Field(default="phaseroute", description="Database that holds the telemetry tables.")
+    kv_store_url: str | None = Field(
+        default=None,
+        description="KV blob store: a directory path or an fsspec URL (memory://, s3://...). Unset: home/kv.",
+    )
+
+    _external_kafka: bool = PrivateAttr(default=True)
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _check_bootstrap(cls, value: str) -> str:
+        if not value:
+            return value
+        for server in value.split(","):
+            host, sep, port = server.strip().rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"bootstrap server {server!r} is not host:port (from {value!r})")
+        return value
+
+    @field_validator("clickhouse_url")
+    @classmethod
+    def _check_clickhouse_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://", "chdb://")):
+            raise ValueError(f"clickhouse_url {value!r} must start with http://, https:// or chdb://")
+        return value
+
+    @model_validator(mode="after")
+    def _local_broker_by_default(self) -> "Settings":
+        if not self.bootstrap_servers:
+            self.bootstrap_servers = f"localhost:{self.kafka_port}"
+            self._external_kafka = False
+        return self
+
+    @property
+    def external_kafka(self) -> bool:
+        """True when bootstrap_servers names a cluster phaseroute does not start itself."""
+        return self._external_kafka
+
+    @property
+    def run_dir(self) -> Path:
+        """PID files and logs of processes started by `phaseroute up`."""
+        return self.home / "run"
+
+    @property
+    def chdb_path(self) -> Path:
+        return self.home / "chdb"
+
+    @property
+    def kv_store(self) -> str:
+        return self.kv_store_url or str(self.home / "kv")
+
+    @property
+    def model_cache(self) -> Path:
+        return self.home / "models"
+
+    @property
+    def results_dir(self) -> Path:
+        return self.home / "results"
+
+    def clickhouse_dsn(self) -> str:
+        """The clickhouse-connect DSN: the server URL if set, else embedded chdb on home/chdb."""
+        return self.clickhouse_url or f"chdb://{self.chdb_path}"
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read the environment (plus explicit overrides); raise ConfigError naming each bad value."""
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "settings"
+            problems.append(f"PHASEROUTE_{field.upper()}={err.get('input')!r}: {err['msg']}")
+        raise ConfigError("invalid phaseroute settings: " + "; ".join(problems)) from None
+
+
+@lru_cache(maxsize=1)
+def settings() -> Settings:
+    """Process-wide settings from the environment (cached; tests build their own with load_settings)."""
+    return load_settings()

@@ -1,0 +1,1 @@
+"""Avro schemas (one .avsc per message kind) and the serde used by confluent-kafka code and Faust alike."""

@@ -1,0 +1,49 @@
+"""Shared fixtures. Integration tests use the real broker that `./dev.sh test` (or
+`phaseroute up`) started, at PHASEROUTE_BOOTSTRAP_SERVERS (default localhost:9092)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from phaseroute.config import settings  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def bootstrap() -> str:
+    """The running broker's bootstrap servers; a missing broker fails the test loudly."""
+    from phaseroute.infra.kafka_launcher import broker_answers
+
+    servers = settings().bootstrap_servers
+    if not broker_answers(servers, timeout_s=10):
+        pytest.fail(f"no Kafka broker answers at {servers}: run `phaseroute up` (./dev.sh test does it)")
+    return servers
+
+
+@pytest.fixture()
+def make_topic(bootstrap: str) -> Iterator[Callable[..., str]]:
+    """Create uniquely named topics for one test and delete them afterwards."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    created: list[str] = []
+
+    def make(prefix: str = "t", partitions: int = 1, config: dict[str, str] | None = None) -> str:
+        name = f"test.{prefix}.{uuid.uuid4().hex[:10]}"
+        admin.create_topics([NewTopic(name, partitions, 1, config=config or {})])[name].result(timeout=30)
+        created.append(name)
+        return name
+
+    yield make
+    if created:
+        for future in admin.delete_topics(created).values():
+            try:
+                future.result(timeout=30)
+            except Exception:
+                pass

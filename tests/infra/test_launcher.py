@@ -1,0 +1,64 @@
+"""The local Kafka launcher: toolchain errors, and `up`/`down` on a broker of the test's own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from phaseroute.infra import kafka_launcher, processes
+
+
+def test_missing_java_and_maven_say_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no java, no mvn
+    with pytest.raises(kafka_launcher.ToolchainError) as err:
+        kafka_launcher.check_toolchain()
+    message = str(err.value)
+    assert "Java 17+" in message and "apt-get install openjdk-17-jre-headless" in message
+    assert "apt-get install maven" in message
+    assert "--bootstrap-servers" in message
+
+
+def test_too_old_java_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake_java = tmp_path / "java"  # a stand-in that answers like Java 11
+    fake_java.write_text('#!/bin/sh\necho \'openjdk version "11.0.2" 2019-01-15\' >&2\n')
+    fake_java.chmod(0o755)
+    (tmp_path / "mvn").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "mvn").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(kafka_launcher.ToolchainError, match=r"is Java 11; Kafka needs Java 17\+"):
+        kafka_launcher.check_toolchain()
+
+
+@pytest.mark.slow
+def test_up_answers_and_down_leaves_no_process(tmp_path: Path) -> None:
+    """A second broker on other ports, in a state directory of this test's own."""
+    env = {
+        **os.environ, "PHASEROUTE_HOME": str(tmp_path), "PHASEROUTE_KAFKA_PORT": "19092",
+        "PHASEROUTE_KAFKA_CONTROLLER_PORT": "19093", "PHASEROUTE_KAFKA_HEAP": "256m",
+    }
+    env.pop("PHASEROUTE_BOOTSTRAP_SERVERS", None)
+    cli = [sys.executable, "-m", "phaseroute.cli.main"]
+    started = time.monotonic()
+    up = subprocess.run([*cli, "up"], env=env, capture_output=True, text=True, timeout=240)
+    assert up.returncode == 0, up.stderr
+    pid = processes.alive_pid(tmp_path / "run", "kafka")
+    assert pid is not None
+    try:
+        assert kafka_launcher.broker_answers("localhost:19092")
+        topics = subprocess.run([*cli, "topics", "--json"], env=env, capture_output=True, text=True, timeout=60)
+        assert topics.returncode == 0, topics.stderr
+        assert '"topic": "jobs.state"' in topics.stdout and '"status": "ok"' in topics.stdout
+        print(f"up answered after {time.monotonic() - started:.1f} s (includes jar resolution from ~/.m2)")
+    finally:
+        down = subprocess.run([*cli, "down"], env=env, capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert processes.wait_gone(pid, 10)
+    ours = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert ours == [], f"processes left behind: {[p.info['cmdline'][:3] for p in ours]}"
+    assert not kafka_launcher.broker_answers("localhost:19092", timeout_s=1)
