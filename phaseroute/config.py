@@ -47,6 +47,10 @@ class Settings(BaseSettings):
         default=None,
         description="ClickHouse server URL (http://user:pass@host:8123/db). Unset: embedded chdb under home/chdb.",
     )
+    telemetry_port: int = Field(
+        default=8124, ge=1, le=65535,
+        description="Port (localhost) where the telemetry service answers read-only SQL for the embedded chdb.",
+    )
     clickhouse_database: str = Field(default="phaseroute", description="Database that holds the telemetry tables.")
     kv_store_url: str | None = Field(
         default=None,

@@ -19,6 +19,7 @@ CREATE TABLE IF NOT EXISTS {db}.phase_telemetry
     exec_time_s    Float64,
     steps          UInt32,
     step_latency_s Float64,
+    step_latency_s_max Float64,
     kv_bytes       UInt64,
     kv_transfer_s  Float64,
     source_pool    Nullable(String),

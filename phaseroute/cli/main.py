@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from phaseroute.cli import common, stack
+from phaseroute.cli import common, stack, worker_cmds
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="phaseroute: offline LLM batch inference over Kafka.")
 
@@ -23,6 +23,9 @@ def _global_options(
 app.command("up")(stack.up)
 app.command("down")(stack.down)
 app.command("topics")(stack.list_topics)
+app.command("worker")(worker_cmds.worker)
+app.command("sink")(worker_cmds.sink)
+app.command("query")(worker_cmds.query)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -21,7 +21,7 @@ def up(
             console.print(f"using the Kafka cluster at {cfg.bootstrap_servers}")
         else:
             pid = kafka_launcher.start(cfg)
-            console.print(f"Kafka {cfg.kafka_version} (KRaft, single node) answers on {cfg.bootstrap_servers} [pid {pid}]")
+            console.print(f"Kafka {cfg.kafka_version} (KRaft, single node) answers on {cfg.bootstrap_servers} (pid {pid})")
         created = provision.provision(cfg.bootstrap_servers, topics.all_topics(pools))
     console.print(f"topics: {len(created)} created, spec checked")
 

@@ -1,0 +1,83 @@
+"""Worker heartbeats: who is alive in which pool, how much work waits, how much memory is used.
+
+Every ``interval_s`` a worker publishes a ``pool_heartbeat`` record (key worker_id) to
+``pools.heartbeat``: pool, phase, variant, consumer lag (from the broker's watermarks, not
+estimated), batch in flight, memory in use. The control plane declares a worker dead when
+its heartbeats stop for a few intervals, and a pool dead when all its workers are; a final
+heartbeat with status DOWN is sent on a clean shutdown.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from phaseroute.consumers.kafka_clients import TrackedProducer
+from phaseroute.schemas import serde
+
+HEARTBEAT_TOPIC = "pools.heartbeat"
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    pool: str
+    worker_id: str
+    phase: str  # PREFILL, DECODE or BOTH
+    variant: str
+    models: tuple[str, ...]
+    device: str = "cpu"
+
+
+class Heartbeat:
+    """Publishes heartbeats from a background thread; numbers come from ``read_status``."""
+
+    def __init__(
+        self, producer: TrackedProducer, identity: WorkerIdentity, read_status: Callable[[], dict[str, Any]],
+        interval_s: float = 2.0,
+    ) -> None:
+        self.producer = producer
+        self.identity = identity
+        self.read_status = read_status
+        self.interval_s = interval_s
+        self.started_at = time.time()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{identity.worker_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop beating and send a last heartbeat saying DOWN."""
+        self._stop.set()
+        self._thread.join(timeout=self.interval_s + 1)
+        self.beat(status="DOWN")
+        self.producer.flush_or_raise(10)
+
+    def _run(self) -> None:
+        self.beat(status="UP")
+        while not self._stop.wait(self.interval_s):
+            self.beat(status="UP")
+
+    def record(self, status: str) -> dict[str, Any]:
+        numbers = self.read_status()
+        ident = self.identity
+        return {
+            "pool": ident.pool, "worker_id": ident.worker_id, "phase": ident.phase, "variant": ident.variant,
+            "device": ident.device, "models": list(ident.models),
+            "queue_depth": int(numbers.get("queue_depth", 0)), "consumer_lag": int(numbers.get("consumer_lag", 0)),
+            "batch_in_flight": int(numbers.get("batch_in_flight", 0)), "max_batch": int(numbers.get("max_batch", 0)),
+            "memory_bytes": int(numbers.get("memory_bytes") or psutil.Process().memory_info().rss),
+            "kv_free_bytes": int(numbers.get("kv_free_bytes", 0)),
+            "host": socket.gethostname(), "pid": os.getpid(), "status": status,
+            "started_at": int(self.started_at * 1000), "interval_s": self.interval_s, "at": int(time.time() * 1000),
+        }
+
+    def beat(self, status: str = "UP") -> None:
+        self.producer.produce(HEARTBEAT_TOPIC, self.identity.worker_id, serde.encode("pool_heartbeat", self.record(status)))

@@ -1,0 +1,204 @@
+"""The handler of prefill, decode and colocated workers: which stages run, and what each
+finished item produces.
+
+Life of a request through a worker of pool P:
+- ``prefill_work`` (topic ``prefill.P``): micro-batched prefill. Colocated work (``colocated``
+  true, on a worker that also decodes) joins this worker's decode batch with no KV transfer.
+  Otherwise the KV blob goes to the KV store and the worker emits ``kv_ready`` (location,
+  bytes, checksum, first token, timings) and, when the router already chose the decode pool,
+  the ``decode_work`` for ``decode.<that pool>`` — both before its offset is committed.
+- ``decode_work`` (topic ``decode.P``): the KV is fetched (measured), checked, and the sequence
+  joins the continuous batch; at EOS or ``max_tokens`` a ``result`` is emitted.
+- A failed attempt (KV corrupt or missing) emits ``attempt_failed`` for the tracker to retry
+  elsewhere; impossible work (prompt beyond the context, a model the pool lacks) goes to the
+  dead-letter topic with the engine's reason, and the worker keeps running.
+Every output carries a deterministic key and attempt id, so a replay overwrites, never adds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from phaseroute.consumers.decode_stage import DecodeStage, Joining, blob_checksum
+from phaseroute.consumers.handler import Completion, Output, WorkItem
+from phaseroute.consumers.prefill_stage import MicroBatchLimits, PrefillStage
+from phaseroute.consumers.telemetry_records import BatchCounter, WorkerTag
+from phaseroute.engine import kv_codec
+from phaseroute.engine.errors import EngineError, KVIntegrityError, KVNotFoundError
+from phaseroute.engine.protocol import FinishedSequence, PrefillResult
+from phaseroute.streams.policy.lifecycle import attempt_id
+from phaseroute.streams.policy.types import Phase
+
+KV_READY_TOPIC = "kv.ready"
+RESULTS_TOPIC = "results"
+ATTEMPT_FAILED_TOPIC = "attempts.failed"
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    pool: str
+    worker_id: str
+    variant: str
+    prefill: bool
+    decode: bool
+    limits: MicroBatchLimits = MicroBatchLimits()
+    max_decode_batch: int = 32
+
+
+def _ms(seconds: float) -> int:
+    return int(seconds * 1000)
+
+
+class PhaseHandler:
+    """Prefill and/or decode stages behind the loop's Handler protocol."""
+
+    def __init__(self, executor: Any, store: Any, spec: WorkerSpec) -> None:
+        if not (spec.prefill or spec.decode):
+            raise ValueError(f"worker {spec.worker_id!r} must run prefill, decode or both")
+        self.executor = executor
+        self.store = store
+        self.spec = spec
+        self.tag = WorkerTag(spec.pool, spec.worker_id, executor.model_name, spec.variant)
+        batches = BatchCounter(spec.worker_id)
+        self.prefill = PrefillStage(executor, self.tag, batches, spec.limits) if spec.prefill else None
+        self.decode = DecodeStage(executor, store, self.tag, batches, spec.max_decode_batch) if spec.decode else None
+        self._telemetry: list[Output] = []
+
+    # -- Handler protocol -------------------------------------------------------------
+    def capacity(self) -> int:
+        return (self.prefill.room() if self.prefill else 0) + (self.decode.room() if self.decode else 0)
+
+    def batch_ready(self, now: float) -> bool:
+        return bool((self.prefill and self.prefill.ready(now)) or (self.decode and self.decode.in_flight()))
+
+    def in_flight(self) -> int:
+        return (len(self.prefill.waiting) if self.prefill else 0) + (self.decode.in_flight() if self.decode else 0)
+
+    def admit(self, items: list[WorkItem]) -> list[Completion]:
+        done = []
+        for item in items:
+            refused = self._admit_one(item)
+            if refused is not None:
+                done.append(refused)
+        return done
+
+    def step(self) -> list[Completion]:
+        done: list[Completion] = []
+        if self.prefill and self.prefill.ready(time.time()):
+            results, telemetry = self.prefill.run()
+            self._telemetry.append(telemetry)
+            for item, result in results:
+                finished = self._after_prefill(item, result)
+                if finished is not None:
+                    done.append(finished)
+        if self.decode and self.decode.in_flight():
+            done.extend(Completion(j.item, [self._result(j, seq)]) for j, seq in self.decode.step())
+        return done
+
+    def drop(self, tps: list[tuple[str, int]]) -> int:
+        return (self.prefill.drop(tps) if self.prefill else 0) + (self.decode.drop(tps) if self.decode else 0)
+
+    def telemetry(self) -> list[Output]:
+        out, self._telemetry = self._telemetry, []
+        return out + (self.decode.telemetry() if self.decode else [])
+
+    def status(self) -> dict[str, Any]:
+        kv_used = self.decode.session.kv_bytes_allocated() if self.decode else 0
+        return {
+            "batch_in_flight": self.in_flight(),
+            "max_batch": self.spec.max_decode_batch if self.decode else self.spec.limits.max_batch,
+            "kv_free_bytes": max(0, self.executor.kv_budget_bytes - kv_used),
+        }
+
+    # -- the work ------------------------------------------------------------------------
+    def _admit_one(self, item: WorkItem) -> Completion | None:
+        if item.kind == "prefill_work":
+            if self.prefill is None:
+                return Completion(item, dead_letter_reason=f"pool {self.spec.pool!r} does not prefill", error_class="WrongPhase")
+            return self.prefill.accept(item)
+        if item.kind == "decode_work":
+            if self.decode is None:
+                return Completion(item, dead_letter_reason=f"pool {self.spec.pool!r} does not decode", error_class="WrongPhase")
+            try:
+                self.decode.enqueue(self.decode.fetch(item))
+            except (KVIntegrityError, KVNotFoundError) as exc:
+                return Completion(item, [self._attempt_failed(item, Phase.DECODE, exc, retryable=True)])
+            except EngineError as exc:
+                return Completion(item, dead_letter_reason=str(exc), error_class=type(exc).__name__)
+            return None
+        return Completion(item, dead_letter_reason=f"a worker cannot run {item.kind!r} records", error_class="WrongKind")
+
+    def _after_prefill(self, item: WorkItem, result: PrefillResult) -> Completion | None:
+        record = item.record
+        context = {"prefill_pool": self.spec.pool, "prefill_time_s": result.timings.compute_s,
+                   "kv_transfer_s": 0.0, "kv_bytes": 0, "colocated": True}
+        if record.get("colocated") and self.decode is not None:
+            self.decode.enqueue(self.decode.local(item, result.kv, result.first_token, context))
+            return None  # completes when its decode finishes
+        if not record.get("decode_pool") and record.get("colocated"):
+            return Completion(item, dead_letter_reason=(
+                f"colocated work sent to prefill-only pool {self.spec.pool!r} without a decode_pool"
+            ), error_class="WrongPhase")
+        return Completion(item, self._hand_over(item, result))
+
+    def _hand_over(self, item: WorkItem, result: PrefillResult) -> list[Output]:
+        """Store the KV blob; announce it (kv.ready) and, if chosen, send the decode work."""
+        record = item.record
+        parts = kv_codec.encode_parts(result.kv)
+        started = time.time()
+        key = "kv/" + hashlib.sha256(record["attempt_id"].encode()).hexdigest()[:40]
+        location = self.store.put(key, parts)
+        put_s = time.time() - started
+        size = sum(len(memoryview(p).cast("B")) for p in parts)
+        checksum = "crc32:" + bytes(parts[-1]).hex()
+        now = time.time()
+        common = {k: record[k] for k in ("request_id", "job_id", "tenant", "custom_id", "model", "max_tokens",
+                                           "sampling", "priority", "deadline", "quality_tier")}
+        ready = {**common, "attempt_id": record["attempt_id"], "attempt": record["attempt"],
+                 "prefill_pool": self.spec.pool, "worker_id": self.spec.worker_id, "variant": self.spec.variant,
+                 "kv_location": location, "kv_bytes": size, "kv_checksum": checksum, "kv_layout_version": result.kv.meta.layout_version,
+                 "prompt_tokens": result.prompt_len, "first_token": result.first_token,
+                 "decode_pool": record.get("decode_pool"), "prefill_time_s": result.timings.compute_s + put_s,
+                 "queue_wait_s": max(0.0, item.received_at - record["dispatched_at"] / 1000), "created_at": _ms(now)}
+        outputs = [Output(KV_READY_TOPIC, record["job_id"], "kv_ready", ready)]
+        if record.get("decode_pool"):
+            work = {**common, "attempt_id": attempt_id(record["request_id"], Phase.DECODE, record["attempt"]),
+                    "attempt": record["attempt"], "pool": record["decode_pool"], "source_pool": self.spec.pool,
+                    "prefill_attempt_id": record["attempt_id"], "kv_location": location, "kv_bytes": size,
+                    "kv_checksum": checksum, "kv_layout_version": result.kv.meta.layout_version,
+                    "prompt_tokens": result.prompt_len, "first_token": result.first_token,
+                    "prefill_time_s": result.timings.compute_s, "dispatched_at": _ms(now)}
+            outputs.append(Output(f"decode.{record['decode_pool']}", record["request_id"], "decode_work", work))
+        return outputs
+
+    def _result(self, joined: Joining, seq: FinishedSequence) -> Output:
+        record = joined.item.record
+        ctx = joined.context
+        result = {
+            "request_id": record["request_id"], "job_id": record["job_id"], "tenant": record["tenant"],
+            "custom_id": record["custom_id"], "attempt_id": record["attempt_id"], "attempt": record["attempt"],
+            "model": record["model"], "status": "OK", "output_text": seq.text, "output_token_ids": list(seq.token_ids),
+            "finish_reason": "STOP" if seq.finish_reason == "stop" else "LENGTH",
+            "prompt_tokens": seq.prompt_len, "completion_tokens": len(seq.token_ids),
+            "prefill_pool": ctx["prefill_pool"], "decode_pool": self.spec.pool, "colocated": ctx["colocated"],
+            "prefill_time_s": ctx["prefill_time_s"], "decode_time_s": seq.decode_s,
+            "kv_transfer_s": ctx["kv_transfer_s"], "kv_bytes": ctx["kv_bytes"], "error": None,
+            "completed_at": _ms(time.time()),
+        }
+        return Output(RESULTS_TOPIC, record["job_id"], "result", result)
+
+    def _attempt_failed(self, item: WorkItem, phase: Phase, exc: Exception, retryable: bool) -> Output:
+        record = item.record
+        failed = {
+            "attempt_id": record["attempt_id"], "request_id": record["request_id"], "job_id": record["job_id"],
+            "tenant": record["tenant"], "attempt": record["attempt"], "phase": phase.name, "pool": self.spec.pool,
+            "worker_id": self.spec.worker_id, "error_class": type(exc).__name__, "error": str(exc),
+            "retryable": retryable, "at": _ms(time.time()),
+        }
+        return Output(ATTEMPT_FAILED_TOPIC, record["job_id"], "attempt_failed", failed)
+
+
+__all__ = ["PhaseHandler", "WorkerSpec", "blob_checksum"]

@@ -1,0 +1,109 @@
+"""Prefill stage of a worker: micro-batches of prompts through the engine.
+
+Life of a ``prefill_work`` item here: ``accept`` tokenizes the prompt and asks the engine
+whether it can run at all (model loaded, prompt + max_tokens within the context, KV within
+the memory budget); an impossible item is refused with the engine's reason (it goes to the
+dead-letter topic). Accepted items wait in the micro-batch until it holds ``max_batch``
+items or ``max_batch_tokens`` prompt tokens, or the first has waited ``max_wait_s``; ``run``
+then prefills them together (one batch = one telemetry record) and returns each item's
+KV, first token and timings to the worker.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from phaseroute.consumers.handler import Completion, Output, WorkItem
+from phaseroute.consumers.telemetry_records import BatchCounter, WorkerTag, telemetry_output
+from phaseroute.engine.errors import AdmissionError
+from phaseroute.engine.protocol import PrefillItem, PrefillResult
+
+
+@dataclass(frozen=True)
+class MicroBatchLimits:
+    """Bounds of one micro-batch: items, prompt tokens, and how long the first item may wait."""
+
+    max_batch: int = 8
+    max_batch_tokens: int = 4096
+    max_wait_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_batch_tokens < 1 or self.max_wait_s < 0:
+            raise ValueError(f"invalid micro-batch limits {self}")
+
+
+@dataclass
+class _Waiting:
+    item: WorkItem
+    token_ids: list[int]
+
+
+class PrefillStage:
+    """Holds prefill work until its micro-batch is due, then runs it."""
+
+    def __init__(self, executor: Any, tag: WorkerTag, batches: BatchCounter, limits: MicroBatchLimits) -> None:
+        self.executor = executor
+        self.tag = tag
+        self.batches = batches
+        self.limits = limits
+        self.waiting: list[_Waiting] = []
+        self.first_at: float | None = None
+
+    def accept(self, item: WorkItem) -> Completion | None:
+        """Queue the item, or refuse it at once (a Completion with the reason)."""
+        record = item.record
+        if record["model"] != self.executor.model_name:
+            return Completion(item, dead_letter_reason=(
+                f"model {record['model']!r} is not loaded in pool {self.tag.pool!r} (it serves {self.executor.model_name!r})"
+            ), error_class="ModelNotLoaded")
+        try:
+            ids = self.executor.encode_item(PrefillItem(record["request_id"], record["max_tokens"], prompt=record["prompt"]))
+            self.executor.check_admission(len(ids), record["max_tokens"], record["request_id"])
+        except AdmissionError as exc:
+            return Completion(item, dead_letter_reason=str(exc), error_class=type(exc).__name__)
+        if not self.waiting:
+            self.first_at = time.time()
+        self.waiting.append(_Waiting(item, ids))
+        return None
+
+    def room(self) -> int:
+        return max(0, self.limits.max_batch - len(self.waiting))
+
+    def ready(self, now: float) -> bool:
+        if not self.waiting:
+            return False
+        tokens = sum(len(w.token_ids) for w in self.waiting)
+        full = len(self.waiting) >= self.limits.max_batch or tokens >= self.limits.max_batch_tokens
+        return full or now - (self.first_at or now) >= self.limits.max_wait_s
+
+    def run(self) -> tuple[list[tuple[WorkItem, PrefillResult]], Output]:
+        """Prefill one micro-batch (within the token budget); return results and its telemetry."""
+        batch, tokens = [], 0
+        for waiting in self.waiting:
+            if batch and tokens + len(waiting.token_ids) > self.limits.max_batch_tokens:
+                break
+            batch.append(waiting)
+            tokens += len(waiting.token_ids)
+        self.waiting = self.waiting[len(batch):]
+        self.first_at = time.time() if self.waiting else None
+        started = time.time()
+        results = self.executor.prefill([
+            PrefillItem(w.item.record["request_id"], w.item.record["max_tokens"], token_ids=tuple(w.token_ids)) for w in batch
+        ])
+        elapsed = time.time() - started
+        lens = [len(w.token_ids) for w in batch]
+        waits = [max(0.0, started - w.item.record["dispatched_at"] / 1000) for w in batch]
+        telemetry = telemetry_output(
+            self.tag, self.batches.next_id(), "PREFILL", batch_size=len(batch), tokens_in=sum(lens),
+            tokens_out=len(batch), seq_len_mean=sum(lens) / len(lens), seq_len_max=max(lens),
+            queue_wait_s=sum(waits) / len(waits), exec_time_s=elapsed, steps=1, step_latency_s=elapsed,
+            step_latency_s_max=elapsed,
+        )
+        return [(w.item, r) for w, r in zip(batch, results)], telemetry
+
+    def drop(self, tps: list[tuple[str, int]]) -> int:
+        before = len(self.waiting)
+        self.waiting = [w for w in self.waiting if w.item.tp not in tps]
+        return before - len(self.waiting)

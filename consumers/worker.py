@@ -1,0 +1,152 @@
+"""Assembling worker processes: a handler, the loop, and heartbeats.
+
+A prefill/decode/colocated worker of pool P joins the consumer group ``phaseroute.<phase>.P``
+on ``prefill.P`` and/or ``decode.P``; starting another worker with the same pool and phase
+splits the partitions (operators scale a pool by starting workers). Sinks run the same loop
+with their own handlers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from phaseroute.config import Settings
+from phaseroute.consumers.handler import Handler
+from phaseroute.consumers.heartbeat import Heartbeat, WorkerIdentity
+from phaseroute.consumers.loop import LoopConfig, WorkerLoop
+from phaseroute.consumers.phase_handler import PhaseHandler, WorkerSpec
+from phaseroute.consumers.prefill_stage import MicroBatchLimits
+from phaseroute.infra.topics import check_pool_name
+
+log = logging.getLogger(__name__)
+PHASES = ("prefill", "decode", "both")
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    pool: str
+    phase: str
+    variant: str = "fp32"
+    model: str = "smollm2-135m"
+    threads: int | None = None
+    device: str | None = None
+    max_batch: int = 8
+    max_batch_tokens: int = 4096
+    max_wait_s: float = 0.05
+    max_decode_batch: int = 32
+    worker_id: str | None = None
+    heartbeat_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        check_pool_name(self.pool)
+        if self.phase not in PHASES:
+            raise ValueError(f"phase {self.phase!r} must be one of {PHASES}")
+
+
+def worker_id_for(pool: str, phase: str) -> str:
+    return f"{pool}.{phase}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
+
+
+def worker_topics(pool: str, phase: str) -> dict[str, str]:
+    topics = {}
+    if phase in ("prefill", "both"):
+        topics[f"prefill.{pool}"] = "prefill_work"
+    if phase in ("decode", "both"):
+        topics[f"decode.{pool}"] = "decode_work"
+    return topics
+
+
+def build_phase_worker(settings: Settings, opts: WorkerOptions, executor: Any = None) -> tuple[WorkerLoop, Heartbeat]:
+    """The loop and heartbeat of one prefill/decode/colocated worker (not started)."""
+    from phaseroute.engine.kv_store import open_store
+    from phaseroute.engine.registry import build_executor
+
+    executor = executor or build_executor(opts.model, opts.variant, threads=opts.threads, device=opts.device)
+    worker_id = opts.worker_id or worker_id_for(opts.pool, opts.phase)
+    spec = WorkerSpec(
+        pool=opts.pool, worker_id=worker_id, variant=opts.variant,
+        prefill=opts.phase in ("prefill", "both"), decode=opts.phase in ("decode", "both"),
+        limits=MicroBatchLimits(opts.max_batch, opts.max_batch_tokens, opts.max_wait_s),
+        max_decode_batch=opts.max_decode_batch,
+    )
+    handler = PhaseHandler(executor, open_store(settings.kv_store), spec)
+    config = LoopConfig(
+        bootstrap=settings.bootstrap_servers, group_id=f"phaseroute.{opts.phase}.{opts.pool}", client_id=worker_id,
+        topic_kinds=worker_topics(opts.pool, opts.phase), service=f"{opts.phase}-worker/{opts.pool}",
+    )
+    identity = WorkerIdentity(opts.pool, worker_id, opts.phase.upper(), opts.variant, (executor.model_name,),
+                              device=getattr(getattr(executor, "config", None), "device", "cpu"))
+    return _with_heartbeat(config, handler, identity, opts.heartbeat_s)
+
+
+def _with_heartbeat(config: LoopConfig, handler: Handler, identity: WorkerIdentity, interval_s: float) -> tuple[WorkerLoop, Heartbeat]:
+    lag = {"consumer_lag": 0, "queue_depth": 0, "checked": 0.0}
+
+    def refresh_lag(loop: WorkerLoop) -> None:
+        if time.time() - lag["checked"] >= interval_s:
+            lag["checked"] = time.time()
+            try:
+                lag["consumer_lag"] = loop.consumer_lag()
+            except Exception as exc:  # a slow broker answer must not stop the work
+                log.debug("lag check failed: %s", exc)
+            lag["queue_depth"] = lag["consumer_lag"] + handler.in_flight()
+
+    loop = WorkerLoop(config, handler, on_tick=refresh_lag)
+    heartbeat = Heartbeat(loop.producer, identity, lambda: {**handler.status(), **lag}, interval_s)
+    return loop, heartbeat
+
+
+def run(loop: WorkerLoop, heartbeat: Heartbeat | None) -> None:
+    """Run until SIGTERM/SIGINT; then drain, commit, say DOWN and close."""
+    loop.install_signal_handlers()
+    if heartbeat is not None:
+        heartbeat.start()
+    server = getattr(loop, "query_server", None)
+    if server is not None:
+        server.start()
+    try:
+        loop.run()
+    finally:
+        if server is not None:
+            server.stop()
+        if heartbeat is not None:
+            heartbeat.stop()
+        loop.producer.flush_or_raise(30)
+
+
+def build_result_sink(settings: Settings, group_suffix: str = "") -> WorkerLoop:
+    from phaseroute.consumers.result_sink import ResultSinkHandler
+
+    handler = ResultSinkHandler(settings.results_dir)
+    config = LoopConfig(
+        bootstrap=settings.bootstrap_servers, group_id="phaseroute.result-sink" + group_suffix,
+        client_id=f"result-sink.{os.getpid()}", topic_kinds={"results": "result"}, service="result-sink",
+    )
+    return WorkerLoop(config, handler)
+
+
+def build_telemetry_sink(settings: Settings, group_suffix: str = "") -> WorkerLoop:
+    """The telemetry service: the sink loop, plus (started with it) the read-only SQL server
+    that answers for the embedded chdb this process owns (``loop.query_server``)."""
+    from phaseroute.consumers.query_server import LockedClient, QueryServer
+    from phaseroute.consumers.telemetry_sink import TelemetrySinkHandler
+    from phaseroute.infra.clickhouse import apply_ddl, connect
+
+    client = LockedClient(connect(settings))
+    apply_ddl(client, settings.clickhouse_database)
+    handler = TelemetrySinkHandler(client, settings.clickhouse_database)
+    config = LoopConfig(
+        bootstrap=settings.bootstrap_servers, group_id="phaseroute.telemetry-sink" + group_suffix,
+        client_id=f"telemetry-sink.{os.getpid()}",
+        topic_kinds={"telemetry.phase": "phase_telemetry", "pools.heartbeat": "pool_heartbeat"},
+        service="telemetry-sink",
+    )
+    loop = WorkerLoop(config, handler)
+    loop.query_server = QueryServer(client, settings.telemetry_port)  # type: ignore[attr-defined]
+    return loop

@@ -1,0 +1,88 @@
+"""Engine commands: ``phaseroute profile --pool NAME`` and ``phaseroute bench engine --json``.
+
+Register in ``phaseroute/cli/main.py``::
+
+    from phaseroute.cli import engine_cmds
+    app.command("profile")(engine_cmds.profile)
+    app.add_typer(engine_cmds.bench_app, name="bench")
+
+Heavy imports (torch, transformers) happen inside the commands, so ``phaseroute --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+from phaseroute.cli.common import console, errors_as_messages
+
+bench_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Benchmarks of phaseroute components.")
+
+
+def profile(
+    pool: str = typer.Option(..., "--pool", help="Pool name the rows are recorded under."),
+    variant: str = typer.Option(None, "--variant", help="fp32 | bf16 | int8-dynamic | int8-weight (default: the pool name if it is a variant, else fp32)."),
+    model: str = typer.Option("smollm2-135m", "--model", help="Model name."),
+    threads: int = typer.Option(2, "--threads", min=1, help="torch intra-op threads."),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N."),
+    backend: str = typer.Option("torch", "--backend", help="Executor backend (torch | vllm)."),
+    quick: bool = typer.Option(False, "--quick", help="Small grid (well under a minute on 2 cores)."),
+    write: bool = typer.Option(True, "--write/--no-write", help="Insert the rows into ClickHouse (engine_profile)."),
+    jsonl: Path = typer.Option(None, "--jsonl", help="Also write the rows to this JSON-lines file."),
+) -> None:
+    """Microbenchmark prefill (batch x prompt length) and decode (batch x context) for one pool."""
+    from phaseroute.engine.errors import EngineError
+    from phaseroute.engine.profiler import FULL, QUICK, profile_executor, write_rows
+    from phaseroute.engine.registry import build_executor
+    from phaseroute.engine.variants import VARIANTS
+
+    chosen = variant or (pool if pool in VARIANTS else "fp32")
+    started = time.perf_counter()
+    with errors_as_messages(EngineError, ValueError):
+        ex = build_executor(model, chosen, threads=threads, device=device, backend=backend)
+        rows = profile_executor(ex, pool, QUICK if quick else FULL, backend=backend)
+    for row in rows:
+        console.print(
+            f"{row['phase']:>7} batch={row['batch_size']:<3} seq={row['seq_len']:<5} "
+            f"{row['tokens_per_s']:9.1f} tok/s  {1e3 * row['latency_s']:9.1f} ms  "
+            f"mem/token={row['memory_bytes_per_token']:.0f} B",
+            highlight=False,
+        )
+    if jsonl:
+        with open(jsonl, "w") as f:
+            for row in rows:
+                f.write(json.dumps({**row, "at": row["at"].isoformat()}) + "\n")
+    written = 0
+    if write:
+        from phaseroute.infra.clickhouse import ClickHouseLockedError
+
+        with errors_as_messages(ClickHouseLockedError):
+            written = write_rows(rows)
+    console.print(f"profile of pool {pool!r} (variant {chosen!r}): {len(rows)} rows measured, {written} written "
+                  f"in {time.perf_counter() - started:.1f} s", highlight=False)
+
+
+@bench_app.command("engine")
+def bench_engine(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    variant: str = typer.Option("fp32", "--variant", help="Pool variant to benchmark."),
+    model: str = typer.Option("smollm2-135m", "--model", help="Model name."),
+    threads: int = typer.Option(2, "--threads", min=1, help="torch intra-op threads."),
+    prompts: int = typer.Option(64, "--prompts", min=8, help="Number of prompts (mixed lengths)."),
+    store: str = typer.Option(None, "--store", help="KV store URL or directory (default: settings kv_store)."),
+) -> None:
+    """Continuous batching vs generate() per request, prefill tokens/s, KV handoff cost, memory."""
+    from phaseroute.engine.bench import BenchConfig, run_bench
+    from phaseroute.engine.errors import EngineError
+
+    with errors_as_messages(EngineError, ValueError):
+        report = run_bench(BenchConfig(model=model, variant=variant, threads=threads, n_prompts=prompts, store_url=store))
+    if as_json:
+        sys.stdout.write(json.dumps(report) + "\n")
+        return
+    for key, value in report.items():
+        console.print(f"{key:>42}: {value}", highlight=False)

@@ -1,0 +1,84 @@
+"""``phaseroute worker`` and ``phaseroute sink``: the data-plane processes."""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from phaseroute.cli.common import console, current_settings, errors_as_messages
+
+
+def worker(
+    pool: str = typer.Option(..., "--pool", help="Pool this worker serves (its topics are prefill.POOL / decode.POOL)."),
+    phase: str = typer.Option(..., "--phase", help="prefill, decode, or both (colocated)."),
+    variant: str = typer.Option("fp32", "--variant", help="Engine variant: fp32, bf16, int8-dynamic, int8-weight."),
+    model: str = typer.Option("smollm2-135m", "--model"),
+    threads: int = typer.Option(None, "--threads", help="torch threads (default: the variant's)."),
+    device: str = typer.Option(None, "--device", help="cpu or cuda (default: the variant's)."),
+    max_batch: int = typer.Option(8, "--max-batch", help="Prefill micro-batch: most requests per batch."),
+    max_batch_tokens: int = typer.Option(4096, "--max-batch-tokens", help="Prefill micro-batch: most prompt tokens."),
+    max_wait_ms: float = typer.Option(50.0, "--max-wait-ms", help="Prefill micro-batch: longest wait of the first item."),
+    max_decode_batch: int = typer.Option(32, "--max-decode-batch", help="Most sequences in the continuous decode batch."),
+    worker_id: str = typer.Option(None, "--worker-id"),
+) -> None:
+    """Run one prefill, decode or colocated worker until SIGTERM."""
+    from phaseroute.consumers.worker import WorkerOptions, build_phase_worker, run
+    from phaseroute.engine.errors import EngineError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = current_settings()
+    with errors_as_messages(ValueError, EngineError):
+        opts = WorkerOptions(
+            pool=pool, phase=phase, variant=variant, model=model, threads=threads, device=device, max_batch=max_batch,
+            max_batch_tokens=max_batch_tokens, max_wait_s=max_wait_ms / 1000, max_decode_batch=max_decode_batch,
+            worker_id=worker_id,
+        )
+        loop, heartbeat = build_phase_worker(settings, opts)
+    console.print(f"worker {loop.config.client_id} on {sorted(loop.config.topic_kinds)} (group {loop.config.group_id})")
+    run(loop, heartbeat)
+
+
+def sink(kind: str = typer.Argument(..., help="results or telemetry")) -> None:
+    """Run the result sink (per-job output files) or the telemetry sink (ClickHouse) until SIGTERM."""
+    from phaseroute.consumers.worker import build_result_sink, build_telemetry_sink, run
+    from phaseroute.infra.clickhouse import ClickHouseLockedError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = current_settings()
+    builders = {"results": build_result_sink, "telemetry": build_telemetry_sink}
+    if kind not in builders:
+        console.print(f"[red]error:[/] sink {kind!r} must be one of {sorted(builders)}")
+        raise typer.Exit(2)
+    with errors_as_messages(ClickHouseLockedError):
+        loop = builders[kind](settings)
+    run(loop, None)
+
+
+def query(
+    sql: str = typer.Argument(..., help="A read-only statement (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Query the telemetry in ClickHouse (the telemetry service's chdb, or the server)."""
+    import json
+
+    from rich.table import Table
+
+    from phaseroute.consumers.query_server import QueryError, remote_query, run_query
+    from phaseroute.infra.clickhouse import connect
+
+    settings = current_settings()
+    with errors_as_messages(QueryError):
+        if settings.clickhouse_url:
+            answer = run_query(connect(settings), sql)
+        else:
+            answer = remote_query(settings.telemetry_port, sql)
+    if as_json:
+        print(json.dumps(answer, default=str))
+        return
+    table = Table(*answer["columns"])
+    for row in answer["rows"]:
+        table.add_row(*(str(v) for v in row))
+    from rich.console import Console
+
+    Console().print(table)

@@ -1,0 +1,162 @@
+"""Python mirrors of the Avro enums (tests/schemas/test_typed.py keeps them equal).
+
+Each is a StrEnum whose values are the Avro symbols, so a member can go straight into a record
+dict and ``record["state"] == JobState.RUNNING`` holds for a decoded dict.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class QualityTier(StrEnum):
+    EXACT = "EXACT"
+    APPROXIMATE = "APPROXIMATE"
+
+
+class JobCommandKind(StrEnum):
+    CANCEL = "CANCEL"
+
+
+class JobEventKind(StrEnum):
+    SUBMITTED = "SUBMITTED"
+    ADMITTED = "ADMITTED"
+    REJECTED = "REJECTED"
+    RUNNING = "RUNNING"
+    PROGRESS = "PROGRESS"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    EXPIRED = "EXPIRED"
+
+
+class JobState(StrEnum):
+    """The job life cycle, ordered by stage:
+
+    SUBMITTED (0) < ADMITTED | REJECTED (1) < RUNNING (2) < COMPLETED | FAILED | CANCELLED | EXPIRED (3)
+
+    Comparisons use the stage, so ``state >= JobState.COMPLETED`` is true for every state of
+    the last stage, and two states of one stage are neither < nor > each other. Plain strings
+    (a decoded record's field) compare too: ``"FAILED" >= JobState.COMPLETED``. Use
+    `is_finished` for "no more changes" (it includes REJECTED) and `can_move_to` to refuse a
+    transition backwards or out of a final state.
+    """
+
+    SUBMITTED = "SUBMITTED"
+    ADMITTED = "ADMITTED"
+    REJECTED = "REJECTED"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    EXPIRED = "EXPIRED"
+
+    @property
+    def stage(self) -> int:
+        return _JOB_STAGE[self.value]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.value in _JOB_FINAL
+
+    def can_move_to(self, new: JobState | str) -> bool:
+        """True when `new` is a legal next state: a later stage, from a state that is not final."""
+        return not self.is_finished and _job_state(new).stage > self.stage
+
+    def __lt__(self, other: Any) -> bool:
+        return self.stage < _job_state(other).stage
+
+    def __le__(self, other: Any) -> bool:
+        return self.stage <= _job_state(other).stage
+
+    def __gt__(self, other: Any) -> bool:
+        return self.stage > _job_state(other).stage
+
+    def __ge__(self, other: Any) -> bool:
+        return self.stage >= _job_state(other).stage
+
+
+_JOB_STAGE = {
+    "SUBMITTED": 0,
+    "ADMITTED": 1,
+    "REJECTED": 1,
+    "RUNNING": 2,
+    "COMPLETED": 3,
+    "FAILED": 3,
+    "CANCELLED": 3,
+    "EXPIRED": 3,
+}
+_JOB_FINAL = frozenset({"REJECTED", "COMPLETED", "FAILED", "CANCELLED", "EXPIRED"})
+
+
+def _job_state(value: Any) -> JobState:
+    if isinstance(value, JobState):
+        return value
+    if isinstance(value, str):
+        return JobState(value)  # ValueError names an unknown state
+    raise TypeError(f"cannot compare a JobState with {value!r} ({type(value).__name__})")
+
+
+class ResultStatus(StrEnum):
+    OK = "OK"
+    FAILED = "FAILED"
+
+
+class FinishReason(StrEnum):
+    STOP = "STOP"
+    LENGTH = "LENGTH"
+    ERROR = "ERROR"
+
+
+class Phase(StrEnum):
+    """Kind of measured work (telemetry and profile rows)."""
+
+    PREFILL = "PREFILL"
+    DECODE = "DECODE"
+    COLOCATED = "COLOCATED"
+    TRANSFER = "TRANSFER"
+
+
+class BatchStatus(StrEnum):
+    OK = "OK"
+    ERROR = "ERROR"
+
+
+class PoolPhase(StrEnum):
+    PREFILL = "PREFILL"
+    DECODE = "DECODE"
+    BOTH = "BOTH"
+
+
+class WorkerStatus(StrEnum):
+    UP = "UP"
+    DRAINING = "DRAINING"
+    DOWN = "DOWN"
+
+
+class AttemptPhase(StrEnum):
+    PREFILL = "PREFILL"
+    DECODE = "DECODE"
+
+
+class ProfileSource(StrEnum):
+    PROFILER = "PROFILER"
+    TELEMETRY = "TELEMETRY"
+    DATASHEET = "DATASHEET"
+
+
+class DeadLetterStage(StrEnum):
+    DECODE = "DECODE"
+    VALIDATE = "VALIDATE"
+    PROCESS = "PROCESS"
+
+
+#: Avro enum full name -> Python enum, for the drift test and generic conversion.
+AVRO_ENUMS: dict[str, type[StrEnum]] = {
+    f"phaseroute.{cls.__name__}": cls
+    for cls in (
+        QualityTier, JobCommandKind, JobEventKind, JobState, ResultStatus, FinishReason,
+        Phase, BatchStatus, PoolPhase, WorkerStatus, ProfileSource, DeadLetterStage, AttemptPhase,
+    )
+}

@@ -1,0 +1,42 @@
+"""Deterministic ids and keys carried in the messages, built in one place so every service
+(and a replay of it) computes the same value."""
+
+from __future__ import annotations
+
+import hashlib
+
+PHASES = ("prefill", "decode")
+
+
+def request_id(job_id: str, custom_id: str) -> str:
+    """32 hex digits from (job_id, custom_id): same inputs, same id; unambiguous for any strings."""
+    digest = hashlib.blake2b(digest_size=16)
+    for part in (job_id, custom_id):
+        raw = part.encode("utf-8")
+        digest.update(len(raw).to_bytes(8, "little"))
+        digest.update(raw)
+    return digest.hexdigest()
+
+
+def attempt_id(request: str, phase: str, attempt: int) -> str:
+    """``<request_id>/<phase>/<attempt>``, the id of one try of one phase of a request."""
+    if phase not in PHASES:
+        raise ValueError(f"attempt phase {phase!r} is not one of {PHASES}")
+    if attempt < 0:
+        raise ValueError(f"attempt number {attempt} is negative")
+    return f"{request}/{phase}/{attempt}"
+
+
+def job_event_id(job_id: str, kind: str, seq: int = 0) -> str:
+    """``<job_id>/<kind>/<seq>``: seq is 0 for state changes and, for PROGRESS, the number of
+    finished requests (done + failed) the event reports, so a replay repeats the same ids."""
+    return f"{job_id}/{str(kind).lower()}/{seq}"
+
+
+def profile_key(model: str, phase: str, pool: str, variant: str, source_pool: str | None = None) -> str:
+    """Key of the compacted ``profiles`` topic: ``model|phase|pool|variant[|source_pool]``."""
+    parts = [model, str(phase), pool, variant] + ([source_pool] if source_pool else [])
+    bad = [p for p in parts if "|" in p]
+    if bad:
+        raise ValueError(f"profile key parts must not contain '|': {bad}")
+    return "|".join(parts)

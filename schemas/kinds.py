@@ -1,0 +1,38 @@
+"""The one map from message kind (the .avsc file stem) to its typed record class."""
+
+from __future__ import annotations
+
+from phaseroute.schemas.errors import UnknownKindError
+from phaseroute.schemas.ops_records import AttemptFailed, DeadLetter, PhaseTelemetry, PoolHeartbeat, ProfileRow
+from phaseroute.schemas.records import (
+    DecodeWork,
+    JobCommand,
+    JobEvent,
+    JobSubmitted,
+    KvReady,
+    PrefillWork,
+    Request,
+    Result,
+)
+from phaseroute.schemas.typed import AvroRecord
+
+RECORD_TYPES: dict[str, type[AvroRecord]] = {
+    cls.KIND: cls  # type: ignore[misc]
+    for cls in (
+        JobSubmitted, JobCommand, JobEvent, Request, PrefillWork, KvReady, DecodeWork, Result,
+        PhaseTelemetry, PoolHeartbeat, ProfileRow, DeadLetter, AttemptFailed,
+    )
+}
+
+
+def record_type(kind: str) -> type[AvroRecord]:
+    """The typed record class of `kind`; UnknownKindError names the known kinds."""
+    try:
+        return RECORD_TYPES[kind]
+    except KeyError:
+        raise UnknownKindError(kind, tuple(sorted(RECORD_TYPES))) from None
+
+
+def to_typed(kind: str, record: dict) -> AvroRecord:
+    """The typed record for a decoded (kind, record) pair."""
+    return record_type(kind).from_dict(record)

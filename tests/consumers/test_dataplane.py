@@ -1,0 +1,205 @@
+"""The data plane end to end on the real broker, the real model and embedded ClickHouse.
+
+Worker processes are real `phaseroute worker` processes; the sinks are real
+`phaseroute sink` processes. Figures (throughput, KV bytes, micro-batch sizes) are printed
+so `pytest -s` shows them; the issue note quotes them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from phaseroute.config import settings
+from phaseroute.consumers.query_server import remote_query
+from phaseroute.infra import provision, topics
+
+from .work import prefill_work, produce, prompts, read_all, start_worker, stop, wait_until_busy
+
+pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.slow]
+
+N_REQUESTS = 50
+MAX_TOKENS = 24
+
+
+def _results_file(job_id: str) -> Path:
+    return settings().results_dir / f"{job_id}.jsonl"
+
+
+def _lines(job_id: str) -> list[dict]:
+    path = _results_file(job_id)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _wait_for(job_id: str, n: int, timeout_s: float, procs: list[subprocess.Popen]) -> list[dict]:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        lines = _lines(job_id)
+        if len(lines) >= n:
+            return lines
+        dead = [p.args for p in procs if p.poll() is not None]
+        assert not dead, f"a process died: {dead}"
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id}: {len(_lines(job_id))}/{n} results after {timeout_s:.0f} s")
+
+
+def _tokens(lines: list[dict]) -> dict[str, str]:
+    return {ln["custom_id"]: ln["response"]["body"]["choices"][0]["message"]["content"] for ln in lines}
+
+
+@pytest.fixture(scope="module")
+def pools(bootstrap: str) -> dict[str, str]:
+    tag = uuid.uuid4().hex[:6]
+    names = {"prefill": f"pre-{tag}", "decode": f"dec-{tag}", "both": f"colo-{tag}"}
+    specs = [s for pool in names.values() for s in topics.pool_topics(pool)]
+    provision.provision(bootstrap, specs)
+    return names
+
+
+@pytest.fixture(scope="module")
+def sinks(bootstrap: str, tmp_path_factory: pytest.TempPathFactory):
+    logs = tmp_path_factory.mktemp("sink-logs")
+    procs = []
+    for kind in ("results", "telemetry"):
+        log = open(logs / f"{kind}.log", "wb")
+        procs.append(subprocess.Popen([sys.executable, "-m", "phaseroute.cli.main", "sink", kind],
+                                      stdout=log, stderr=subprocess.STDOUT))
+    yield procs
+    for proc in procs:
+        assert stop(proc) == 0, f"sink {proc.args} did not stop cleanly"
+
+
+@pytest.fixture(scope="module")
+def colocated_run(pools, sinks, bootstrap: str, tmp_path_factory) -> dict[str, str]:
+    """Reference: the same prompts through one colocated worker."""
+    job_id = f"colo-{uuid.uuid4().hex[:8]}"
+    worker = start_worker(pools["both"], "both", log_dir=tmp_path_factory.mktemp("colo"))
+    try:
+        started = time.time()
+        produce(bootstrap, f"prefill.{pools['both']}", [
+            (f"{job_id}/r{i:04d}", "prefill_work",
+             prefill_work(job_id, i, p, pools["both"], MAX_TOKENS, decode_pool=None, colocated=True))
+            for i, p in enumerate(prompts(N_REQUESTS))
+        ])
+        lines = _wait_for(job_id, N_REQUESTS, 300, [worker, *sinks])
+        elapsed = time.time() - started
+    finally:
+        assert stop(worker) == 0
+    completion = sum(ln["response"]["body"]["usage"]["completion_tokens"] for ln in lines)
+    print(f"\n[figures] colocated: {N_REQUESTS} requests, {completion} tokens in {elapsed:.1f} s "
+          f"({completion / elapsed:.1f} output tokens/s, incl. ~model load)")
+    return _tokens(lines)
+
+
+def test_disaggregated_matches_colocated_token_for_token(pools, sinks, colocated_run, bootstrap, tmp_path) -> None:
+    job_id = f"disagg-{uuid.uuid4().hex[:8]}"
+    prefill = start_worker(pools["prefill"], "prefill", log_dir=tmp_path)
+    decode = start_worker(pools["decode"], "decode", log_dir=tmp_path)
+    try:
+        started = time.time()
+        produce(bootstrap, f"prefill.{pools['prefill']}", [
+            (f"{job_id}/r{i:04d}", "prefill_work",
+             prefill_work(job_id, i, p, pools["prefill"], MAX_TOKENS, decode_pool=pools["decode"], colocated=False))
+            for i, p in enumerate(prompts(N_REQUESTS))
+        ])
+        lines = _wait_for(job_id, N_REQUESTS, 300, [prefill, decode, *sinks])
+        elapsed = time.time() - started
+    finally:
+        assert stop(prefill) == 0 and stop(decode) == 0
+    assert len(lines) == N_REQUESTS and len({ln["custom_id"] for ln in lines}) == N_REQUESTS
+    assert _tokens(lines) == colocated_run
+    kv_events = [r for r in read_all(bootstrap, "kv.ready", "kv_ready") if r["job_id"] == job_id]
+    kv_bytes = sum(r["kv_bytes"] for r in {r["request_id"]: r for r in kv_events}.values())
+    completion = sum(ln["response"]["body"]["usage"]["completion_tokens"] for ln in lines)
+    print(f"\n[figures] disaggregated: {completion} tokens in {elapsed:.1f} s ({completion / elapsed:.1f} output tokens/s, "
+          f"incl. ~model load), KV moved {kv_bytes} bytes for {len(kv_events)} kv.ready events")
+
+
+def test_kill9_decode_worker_five_times_loses_and_duplicates_nothing(pools, sinks, colocated_run, bootstrap, tmp_path) -> None:
+    job_id = f"kill-{uuid.uuid4().hex[:8]}"
+    rng = random.Random(7)
+    prefill = start_worker(pools["prefill"], "prefill", log_dir=tmp_path)
+    decode_args = ("--max-decode-batch", "4")  # several waves: every life of the worker has work to lose
+    decode = start_worker(pools["decode"], "decode", *decode_args, log_dir=tmp_path)
+    kills, busy_at_kill = 0, []
+    try:
+        produce(bootstrap, f"prefill.{pools['prefill']}", [
+            (f"{job_id}/r{i:04d}", "prefill_work",
+             prefill_work(job_id, i, p, pools["prefill"], MAX_TOKENS, decode_pool=pools["decode"], colocated=False))
+            for i, p in enumerate(prompts(N_REQUESTS))
+        ])
+        while kills < 5:
+            beat = wait_until_busy(bootstrap, pools["decode"])  # its heartbeat says: sequences in flight
+            time.sleep(rng.uniform(0.0, 1.0))
+            decode.send_signal(signal.SIGKILL)
+            decode.wait(10)
+            kills += 1
+            busy_at_kill.append(beat["batch_in_flight"])
+            decode = start_worker(pools["decode"], "decode", *decode_args, log_dir=tmp_path)
+        lines = _wait_for(job_id, N_REQUESTS, 300, [prefill, decode, *sinks])
+        time.sleep(3)  # let any late replay arrive: it must not add a line
+        lines = _lines(job_id)
+    finally:
+        stop(prefill)
+        stop(decode)
+    per_id = Counter(ln["custom_id"] for ln in lines)
+    lost = N_REQUESTS - len(per_id)
+    duplicated = sum(c - 1 for c in per_id.values())
+    raw = Counter(r["request_id"] for r in read_all(bootstrap, "results", "result") if r["job_id"] == job_id)
+    print(f"\n[figures] kill -9 x{kills} (in flight at each kill: {busy_at_kill}): lost={lost} duplicated={duplicated}; "
+          f"results produced on the topic: "
+          f"{sum(raw.values())} for {len(raw)} requests (replays dropped by the sink)")
+    assert (lost, duplicated) == (0, 0)
+    assert _tokens(lines) == colocated_run  # replays after a crash give the same answers
+
+
+def test_poison_message_goes_to_dead_letter_and_worker_keeps_running(pools, sinks, bootstrap, tmp_path) -> None:
+    job_id = f"poison-{uuid.uuid4().hex[:8]}"
+    worker = start_worker(pools["both"], "both", log_dir=tmp_path)
+    try:
+        huge = prompts(1)[0].replace("What", "word " * 9000 + "What")  # far beyond the 8192-token context
+        poison = prefill_work(job_id, 0, huge, pools["both"], MAX_TOKENS, decode_pool=None, colocated=True)
+        good = prefill_work(job_id, 1, prompts(2)[1], pools["both"], MAX_TOKENS, decode_pool=None, colocated=True)
+        produce(bootstrap, f"prefill.{pools['both']}", [(poison["request_id"], "prefill_work", poison),
+                                                        (good["request_id"], "prefill_work", good)])
+        lines = _wait_for(job_id, 1, 180, [worker, *sinks])
+        assert [ln["custom_id"] for ln in lines] == ["req-1"]
+        assert worker.poll() is None, "the worker must keep running after a poison message"
+    finally:
+        assert stop(worker) == 0
+    letters = [d for d in read_all(bootstrap, "deadletter", "dead_letter") if d["source_topic"] == f"prefill.{pools['both']}"]
+    assert len(letters) == 1
+    assert letters[0]["error_class"] == "PromptTooLongError"
+    assert "8192" in letters[0]["reason"] and "tokens" in letters[0]["reason"]
+
+
+def test_telemetry_of_every_batch_is_in_clickhouse(pools, sinks, colocated_run, bootstrap) -> None:
+    ours = set(pools.values())
+    produced = {r["batch_id"]: r for r in read_all(bootstrap, "telemetry.phase", "phase_telemetry") if r["pool"] in ours}
+    assert produced, "the workers emitted no telemetry"
+    pool_list = ", ".join(f"'{p}'" for p in sorted(ours))
+    sql = f"SELECT count(DISTINCT batch_id) FROM phaseroute.phase_telemetry WHERE pool IN ({pool_list})"
+    deadline = time.time() + 15
+    stored = -1
+    while time.time() < deadline:
+        stored = remote_query(settings().telemetry_port, sql)["rows"][0][0]
+        if stored == len(produced):
+            break
+        time.sleep(0.5)
+    assert stored == len(produced)
+    sizes = Counter(r["batch_size"] for r in produced.values() if r["phase"] == "PREFILL")
+    decode = [r for r in produced.values() if r["phase"] == "DECODE"]
+    print(f"\n[figures] telemetry: {len(produced)} batches in ClickHouse; prefill micro-batch sizes {dict(sorted(sizes.items()))}; "
+          f"decode windows {len(decode)}, mean batch {sum(r['batch_size'] for r in decode) / max(1, len(decode)):.1f}")
