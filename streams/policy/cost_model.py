@@ -1,0 +1,152 @@
+"""Seconds, bytes and dollars of one placement, from measured profiles and the pools' state now.
+
+A request joins a batch on its pool: batch size = in-flight requests per worker + 1, capped
+by the pool's max batch, and it gets ``1 / batch`` of the batch throughput measured at that
+size (``tokens * batch / tokens_per_s(batch)``). Before that it waits behind the pool's queue
+(queued tokens / (workers x throughput at full batch): queue depth x measured service time).
+A disaggregated path adds the KV transfer (prompt tokens x KV bytes per token) over the
+measured link and the decode pool's own queue; a colocated path queues once. Prefill on a
+pool that also decodes stalls the decodes in flight there (``stall_s``, decode-seconds lost).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .confidence import ConfidenceConfig, effective_profile
+from .types import LinkProfile, PathEstimate, Phase, PoolState, ProfileRow, ProfileTable, RequestWork
+
+
+@dataclass(frozen=True)
+class PhaseOption:
+    """A pool that passed the filters for one phase, with the effective row the estimate uses."""
+
+    pool: PoolState
+    phase: Phase
+    row: ProfileRow
+    confidence: float
+
+
+def join_batch(pool: PoolState) -> int:
+    """The batch size a new request joins on ``pool``."""
+    per_worker = pool.in_flight // max(pool.workers, 1)
+    return max(1, min(pool.max_batch, per_worker + 1))
+
+
+def service_time(row: ProfileRow, tokens: int, batch: int) -> float:
+    """Seconds for ``tokens`` of one request sharing a batch of ``batch`` at the measured throughput."""
+    return tokens * batch / row.tokens_per_s(batch)
+
+
+def pool_tokens_per_s(pool: PoolState, row: ProfileRow) -> float:
+    """Useful throughput of the whole pool at full batch (failed work does not count)."""
+    return pool.workers * row.tokens_per_s(pool.max_batch) * (1.0 - row.error_rate)
+
+
+def queue_wait(pool: PoolState, row: ProfileRow, request_tokens: int) -> float:
+    """Seconds the request waits behind the pool's queue (queued requests of unknown size count
+    as the size of this one)."""
+    if pool.queue_tokens <= 0 and pool.queue_requests <= 0:
+        return 0.0
+    capacity = pool.workers * row.tokens_per_s(pool.max_batch)
+    if capacity <= 0:
+        return math.inf
+    queued = pool.queue_tokens if pool.queue_tokens > 0 else pool.queue_requests * request_tokens
+    return queued / capacity
+
+
+def kv_need_bytes(request: RequestWork, row: ProfileRow, phase: Phase) -> float:
+    """KV memory the request holds on a pool: the prompt for prefill, prompt + output for decode."""
+    tokens = request.prompt_tokens if phase is Phase.PREFILL else request.total_tokens
+    return tokens * row.kv_bytes_per_token
+
+
+def transfer_time(link: LinkProfile, nbytes: float) -> float:
+    return link.latency_s + nbytes / link.bytes_per_s
+
+
+def _dollars(pool: PoolState, seconds: float, batch: int) -> float | None:
+    if pool.price_per_hour is None:
+        return None
+    per_worker_s = pool.price_per_hour / 3600.0 / max(pool.workers, 1)
+    return per_worker_s * seconds / batch
+
+
+def phase_seconds(request: RequestWork, option: PhaseOption) -> float:
+    """Queue wait + service of the request's phase on the option's pool (transfer excluded)."""
+    tokens = request.prompt_tokens if option.phase is Phase.PREFILL else request.max_output_tokens
+    batch = join_batch(option.pool)
+    return queue_wait(option.pool, option.row, tokens) + service_time(option.row, tokens, batch)
+
+
+def phase_dollars(request: RequestWork, option: PhaseOption) -> float | None:
+    """Dollars of the request's phase on the option's pool, None when the pool has no price."""
+    tokens = request.prompt_tokens if option.phase is Phase.PREFILL else request.max_output_tokens
+    batch = join_batch(option.pool)
+    return _dollars(option.pool, service_time(option.row, tokens, batch), batch)
+
+
+def _headroom(need: float, free: float) -> float:
+    if need <= 0:
+        return 1.0
+    return 0.0 if free <= 0 else min(1.0, max(0.0, 1.0 - need / free))
+
+
+def estimate_path(
+    request: RequestWork, prefill: PhaseOption, decode: PhaseOption, link: LinkProfile | None
+) -> PathEstimate:
+    """Estimate one placement; ``link`` is ignored (and may be None) when the path is colocated."""
+    a, b = prefill.pool, decode.pool
+    colocated = a.name == b.name
+    batch_p, batch_d = join_batch(a), join_batch(b)
+    prefill_s = service_time(prefill.row, request.prompt_tokens, batch_p)
+    decode_s = service_time(decode.row, request.max_output_tokens, batch_d)
+    kv_bytes = request.prompt_tokens * prefill.row.kv_bytes_per_token
+    if colocated:
+        transfer_s, decode_wait = 0.0, 0.0
+    else:
+        if link is None:
+            raise ValueError(f"estimate_path: a link profile is needed for {a.name} -> {b.name}")
+        transfer_s = transfer_time(link, kv_bytes)
+        decode_wait = queue_wait(b, decode.row, request.max_output_tokens)
+    cost_p, cost_d = _dollars(a, prefill_s, batch_p), _dollars(b, decode_s, batch_d)
+    need_d = kv_need_bytes(request, decode.row, Phase.DECODE)
+    headroom = _headroom(need_d, b.free_kv_bytes)
+    if not colocated:
+        headroom = min(headroom, _headroom(kv_need_bytes(request, prefill.row, Phase.PREFILL), a.free_kv_bytes))
+    return PathEstimate(
+        prefill_pool=a.name,
+        decode_pool=b.name,
+        prefill_wait_s=queue_wait(a, prefill.row, request.prompt_tokens),
+        prefill_s=prefill_s,
+        transfer_s=transfer_s,
+        decode_wait_s=decode_wait,
+        decode_s=decode_s,
+        kv_bytes=0.0 if colocated else kv_bytes,
+        cost=None if cost_p is None or cost_d is None else cost_p + cost_d,
+        quality=prefill.row.quality_score * decode.row.quality_score,
+        success_prob=(1.0 - prefill.row.error_rate) * (1.0 - decode.row.error_rate),
+        memory_headroom=headroom,
+        stall_s=prefill_s * a.in_flight if a.serves(Phase.DECODE) else 0.0,
+    )
+
+
+def fleet_tokens_per_s(
+    model: str,
+    phase: Phase,
+    pools: Iterable[PoolState],
+    profiles: ProfileTable,
+    now: float,
+    config: ConfidenceConfig,
+) -> float:
+    """Useful throughput of every alive pool that serves ``phase`` with ``model`` loaded."""
+    total = 0.0
+    for pool in pools:
+        if not (pool.alive and pool.serves(phase) and model in pool.models):
+            continue
+        eff = effective_profile(profiles, model, phase, pool.name, pool.variant, now, config)
+        if eff is not None:
+            total += pool_tokens_per_s(pool, eff.row)
+    return total

@@ -1,0 +1,159 @@
+"""The router: filter -> estimate -> score -> pick, for one request.
+
+1. Filter each pool per phase (``filters.POOL_FILTERS``): alive, serves the phase, model
+   loaded, profiled, healthy, quality tier, KV memory, not in the avoid list.
+2. Build paths (``paths.candidate_pairs``): colocated (one pool runs both phases) and, when
+   allowed, disaggregated (prefill pool != decode pool, KV over the measured link). Estimate each with the cost model
+   from the *effective* (confidence-blended) rows; drop paths below the quality tier.
+3. Score each path with the weighted scorers (each in [0, 1]).
+4. Pick: with probability ``exploration_share`` a uniformly random eligible pool (the best
+   path through it), so every pool stays measured; otherwise the best path whose pools have
+   not run ahead of their target traffic share in ``state`` (the best overall if none is).
+   Ties go to the pool owed the most share.
+Colocate-vs-disaggregate is simply which kind of path wins: disaggregation wins when a
+faster/cheaper decode pool plus the KV transfer beats running both phases on one pool, or
+when prefill would stall many decodes on a shared pool.
+
+``route`` does not change ``state``: the caller calls ``state.record(decision, request, now,
+config)`` once it acts on the decision.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .confidence import effective_link
+from .cost_model import estimate_path
+from .filters import path_filter, phase_options
+from .paths import candidate_pairs
+from .router_config import RouterConfig
+from .router_state import RouterState
+from .scorers import FieldStats, ScoreInput, score_path
+from .types import NoPlacement, PathEstimate, Phase, PoolState, ProfileTable, RequestWork, RoutingDecision
+
+
+@dataclass(frozen=True)
+class _Scored:
+    estimate: PathEstimate
+    score: float
+    parts: tuple[tuple[str, float], ...]
+
+
+def _candidates(
+    request: RequestWork,
+    pools: list[PoolState],
+    profiles: ProfileTable,
+    now: float,
+    config: RouterConfig,
+    skip: frozenset[str],
+) -> tuple[list[PathEstimate], list[tuple[str, str]]]:
+    """Every acceptable path for ``request``, and why each dropped pool/phase or path was dropped."""
+    pre, rejected = phase_options(request, pools, profiles, Phase.PREFILL, now, config, skip=skip)
+    dec, rejected_d = phase_options(request, pools, profiles, Phase.DECODE, now, config, skip=skip)
+    rejected += rejected_d
+    paths = []
+    for p, d in candidate_pairs(request, pre, dec, config):
+        colocated = p.pool.name == d.pool.name
+        link = None if colocated else effective_link(profiles, p.pool.name, d.pool.name, now, config.confidence)
+        estimate = estimate_path(request, p, d, link)
+        reason = path_filter(request, estimate, config)
+        if reason is None:
+            paths.append(estimate)
+        else:
+            rejected.append((f"{p.pool.name}->{d.pool.name}", reason))
+    return paths, rejected
+
+
+def _describe(e: PathEstimate) -> str:
+    where = f"colocated on {e.prefill_pool}" if e.colocated else f"disaggregated {e.prefill_pool} -> {e.decode_pool}"
+    return (
+        f"{where}: est {e.total_s:.3g} s (wait {e.prefill_wait_s + e.decode_wait_s:.3g} + prefill {e.prefill_s:.3g}"
+        f" + transfer {e.transfer_s:.3g} + decode {e.decode_s:.3g})"
+    )
+
+
+def _reason(chosen: _Scored, ranked: list[_Scored], explored: bool, passed_over: int) -> str:
+    text = f"{_describe(chosen.estimate)}, score {chosen.score:.3f}"
+    rival = next((s for s in ranked if s.estimate.colocated != chosen.estimate.colocated), None)
+    if rival is not None:
+        text += f"; best {'colocated' if rival.estimate.colocated else 'disaggregated'} alternative: "
+        text += f"{_describe(rival.estimate)}, score {rival.score:.3f}"
+    if explored:
+        text += "; exploration pick"
+    elif passed_over:
+        text += f"; {passed_over} better-scored path(s) passed over (pool above its traffic share)"
+    return text
+
+
+def _within_budget(e: PathEstimate, model: str, state: RouterState, config: RouterConfig) -> bool:
+    return state.within_budget(model, Phase.PREFILL, e.prefill_pool, config) and (
+        state.within_budget(model, Phase.DECODE, e.decode_pool, config)
+    )
+
+
+def _rank(scored: list[_Scored], model: str, state: RouterState) -> list[_Scored]:
+    """Best score first; equal scores (to 1e-9, so float noise cannot herd) go to the pool owed
+    the most traffic share, then to the shorter estimate, then by name."""
+
+    def key(s: _Scored) -> tuple[float, float, float, str, str]:
+        e = s.estimate
+        owed = state.credit(model, Phase.PREFILL, e.prefill_pool) + state.credit(model, Phase.DECODE, e.decode_pool)
+        return (-round(s.score, 9), -owed, e.total_s, e.prefill_pool, e.decode_pool)
+
+    return sorted(scored, key=key)
+
+
+def _pick(
+    ranked: list[_Scored], model: str, state: RouterState, config: RouterConfig, rng: random.Random, draw: float
+) -> tuple[_Scored, bool, int]:
+    """(chosen path, whether it was an exploration pick, how many better paths were passed over)."""
+    explorable = sorted({s.estimate.prefill_pool for s in ranked} | {s.estimate.decode_pool for s in ranked})
+    if draw < config.exploration_share and len(explorable) > 1:
+        target = explorable[rng.randrange(len(explorable))]
+        return next(s for s in ranked if target in (s.estimate.prefill_pool, s.estimate.decode_pool)), True, 0
+    for i, s in enumerate(ranked):
+        if _within_budget(s.estimate, model, state, config):
+            return s, False, i
+    return ranked[0], False, 0
+
+
+def route(
+    request: RequestWork,
+    pools: Iterable[PoolState],
+    profiles: ProfileTable,
+    state: RouterState,
+    config: RouterConfig,
+    now: float,
+    rng: random.Random,
+) -> RoutingDecision | NoPlacement:
+    """Place ``request``: prefill pool, decode pool (colocated when equal), estimate and scores."""
+    pools = list(pools)
+    draw = rng.random()
+    paths, rejected = _candidates(request, pools, profiles, now, config, frozenset())
+    if not paths and request.avoid_pools and config.relax_avoid_when_empty:
+        paths, rejected = _candidates(request, pools, profiles, now, config, frozenset({"not_avoided"}))
+    if not paths:
+        reason = f"no eligible path for model {request.model!r} among {len(pools)} pool(s)"
+        return NoPlacement(request.request_id, reason, tuple(rejected))
+    stats = FieldStats.of(paths)
+    scored = [_Scored(e, *score_path(ScoreInput(e, stats, request, now, config))) for e in paths]
+    ranked = _rank(scored, request.model, state)
+    chosen, explored, passed_over = _pick(ranked, request.model, state, config, rng, draw)
+    e = chosen.estimate
+    return RoutingDecision(
+        request_id=request.request_id,
+        prefill_pool=e.prefill_pool,
+        decode_pool=e.decode_pool,
+        colocated=e.colocated,
+        estimated_completion=now + e.total_s,
+        estimate=e,
+        scores=chosen.parts,
+        score=chosen.score,
+        explored=explored,
+        reason=_reason(chosen, ranked, explored, passed_over),
+        rejected=tuple(rejected),
+        eligible_prefill=tuple(sorted({p.prefill_pool for p in paths})),
+        eligible_decode=tuple(sorted({p.decode_pool for p in paths})),
+    )

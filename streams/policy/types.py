@@ -1,0 +1,306 @@
+"""Plain data the policy decides over: phases, profile rows and links, pool state, requests.
+
+Everything here is a frozen dataclass or an enum: values that the live agents build from
+Kafka records and the simulator builds from its model of the fleet. Decisions made from them
+(routing decisions, admission verdicts, scheduler output, retries) live beside the code that
+makes them. Validation happens at construction and names the bad value.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TypeVar
+
+from . import _checks
+
+T = TypeVar("T")
+
+
+class Phase(StrEnum):
+    """The two phases of a request: the prompt (compute-bound) and the output tokens (memory-bound)."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class QualityTier(StrEnum):
+    """What a job accepts: EXACT (reference-quality pools only) or APPROXIMATE (down to a tolerance)."""
+
+    EXACT = "exact"
+    APPROXIMATE = "approximate"
+
+
+class ProfileSource(StrEnum):
+    """Where a profile row came from; TELEMETRY is blended toward PROFILER, PROFILER toward DATASHEET."""
+
+    TELEMETRY = "telemetry"
+    PROFILER = "profiler"
+    DATASHEET = "datasheet"
+
+
+# From the most trusted (fresh measurements) to the last-resort prior.
+SOURCE_PRIORITY: tuple[ProfileSource, ...] = (ProfileSource.TELEMETRY, ProfileSource.PROFILER, ProfileSource.DATASHEET)
+
+RowKey = tuple[str, Phase, str, str]  # (model, phase, pool, variant)
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """Measured total throughput (tokens/s over the whole batch) at one batch size."""
+
+    batch_size: int
+    tokens_per_s: float
+
+    def __post_init__(self) -> None:
+        _checks.at_least("CurvePoint", "batch_size", self.batch_size, 1)
+        _checks.positive("CurvePoint", "tokens_per_s", self.tokens_per_s)
+
+
+@dataclass(frozen=True)
+class ProfileRow:
+    """Measured behaviour of one (model, phase, pool, variant). Confidence is derived, never stored."""
+
+    model: str
+    phase: Phase
+    pool: str
+    variant: str
+    curve: tuple[CurvePoint, ...]
+    step_p50_s: float
+    step_p90_s: float
+    step_p99_s: float
+    mem_bytes_per_token: float
+    kv_bytes_per_token: float
+    error_rate: float
+    quality_score: float
+    samples: int
+    updated_at: float
+    source: ProfileSource
+    _sizes: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        owner = f"ProfileRow({self.model}, {self.phase.value}, {self.pool})"
+        if not self.curve:
+            raise ValueError(f"{owner}.curve must have at least one point, got ()")
+        sizes = [p.batch_size for p in self.curve]
+        if sizes != sorted(set(sizes)):
+            raise ValueError(f"{owner}.curve batch sizes must be strictly increasing, got {sizes}")
+        object.__setattr__(self, "_sizes", tuple(sizes))  # cached for tokens_per_s
+        for name in ("step_p50_s", "step_p90_s", "step_p99_s", "mem_bytes_per_token", "kv_bytes_per_token"):
+            _checks.non_negative(owner, name, getattr(self, name))
+        if not self.step_p50_s <= self.step_p90_s <= self.step_p99_s:
+            raise ValueError(
+                f"{owner} latency quantiles must satisfy p50 <= p90 <= p99, got "
+                f"{self.step_p50_s}, {self.step_p90_s}, {self.step_p99_s}"
+            )
+        _checks.fraction(owner, "error_rate", self.error_rate)
+        _checks.non_negative(owner, "quality_score", self.quality_score)
+        _checks.non_negative(owner, "samples", self.samples)
+        _checks.finite(owner, "updated_at", self.updated_at)
+
+    @property
+    def key(self) -> RowKey:
+        return (self.model, self.phase, self.pool, self.variant)
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.curve[-1].batch_size
+
+    def tokens_per_s(self, batch_size: int) -> float:
+        """Total throughput at ``batch_size``: linear between points, flat above the last,
+        proportional to the batch size below the first (one sequence's rate is kept)."""
+        sizes = self._sizes
+        if batch_size <= sizes[0]:
+            first = self.curve[0]
+            return first.tokens_per_s * max(batch_size, 1) / first.batch_size
+        if batch_size >= sizes[-1]:
+            return self.curve[-1].tokens_per_s
+        i = bisect.bisect_left(sizes, batch_size)
+        lo, hi = self.curve[i - 1], self.curve[i]
+        t = (batch_size - lo.batch_size) / (hi.batch_size - lo.batch_size)
+        return lo.tokens_per_s + t * (hi.tokens_per_s - lo.tokens_per_s)
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    """Measured KV transfer from ``src`` pool to ``dst`` pool."""
+
+    src: str
+    dst: str
+    bytes_per_s: float
+    latency_s: float
+    samples: int
+    updated_at: float
+
+    def __post_init__(self) -> None:
+        owner = f"LinkProfile({self.src}->{self.dst})"
+        _checks.positive(owner, "bytes_per_s", self.bytes_per_s)
+        _checks.non_negative(owner, "latency_s", self.latency_s)
+        _checks.non_negative(owner, "samples", self.samples)
+        _checks.finite(owner, "updated_at", self.updated_at)
+
+
+@dataclass(frozen=True)
+class ProfileTable:
+    """Rows by (model, phase, pool, variant) and source; links by (src, dst)."""
+
+    rows: Mapping[tuple[str, Phase, str, str, ProfileSource], ProfileRow] = field(default_factory=dict)
+    links: Mapping[tuple[str, str], LinkProfile] = field(default_factory=dict)
+    # Values derived from this immutable table at one time ``now`` (see ``memo``).
+    _memo: dict[Hashable, object] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _memo_now: list[float] = field(default_factory=list, init=False, repr=False, compare=False)
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[ProfileRow], links: Iterable[LinkProfile] = ()) -> ProfileTable:
+        return cls().with_rows(rows, links)
+
+    def with_rows(self, rows: Iterable[ProfileRow] = (), links: Iterable[LinkProfile] = ()) -> ProfileTable:
+        """A new table where ``rows`` and ``links`` replace those with the same key."""
+        new_rows = dict(self.rows)
+        new_rows.update({(*row.key, row.source): row for row in rows})
+        new_links = dict(self.links)
+        new_links.update({(link.src, link.dst): link for link in links})
+        return ProfileTable(new_rows, new_links)
+
+    def rows_for(self, model: str, phase: Phase, pool: str, variant: str) -> dict[ProfileSource, ProfileRow]:
+        found = {}
+        for source in SOURCE_PRIORITY:
+            row = self.rows.get((model, phase, pool, variant, source))
+            if row is not None:
+                found[source] = row
+        return found
+
+    def link(self, src: str, dst: str) -> LinkProfile | None:
+        return self.links.get((src, dst))
+
+    def memo(self, key: Hashable, now: float, compute: Callable[[], T]) -> T:
+        """``compute()`` once per ``key`` at time ``now``. The table never changes, so a value
+        derived from it at ``now`` never changes either; only the latest ``now`` is kept, so the
+        cache stays small while many requests are routed at the same time."""
+        if self._memo_now != [now]:
+            self._memo.clear()
+            self._memo_now[:] = [now]
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """What the router knows of a pool now (from heartbeats and consumer lag)."""
+
+    name: str
+    alive: bool
+    phases: frozenset[Phase]
+    models: frozenset[str]
+    variant: str
+    workers: int
+    max_batch: int
+    free_kv_bytes: float
+    queue_requests: int = 0
+    queue_tokens: int = 0
+    in_flight: int = 0
+    recent_failures: int = 0
+    last_heartbeat: float = 0.0
+    price_per_hour: float | None = None  # $ per hour for the whole pool, when known
+
+    def __post_init__(self) -> None:
+        owner = f"PoolState({self.name})"
+        _checks.non_empty("PoolState", "name", self.name)
+        _checks.non_negative(owner, "workers", self.workers)
+        _checks.at_least(owner, "max_batch", self.max_batch, 1)
+        for name in ("free_kv_bytes", "queue_requests", "queue_tokens", "in_flight", "recent_failures"):
+            _checks.non_negative(owner, name, getattr(self, name))
+        if self.price_per_hour is not None:
+            _checks.non_negative(owner, "price_per_hour", self.price_per_hour)
+
+    def serves(self, phase: Phase) -> bool:
+        return phase in self.phases
+
+
+@dataclass(frozen=True)
+class RequestWork:
+    """One prompt of a job, as the scheduler and the router see it."""
+
+    request_id: str
+    job_id: str
+    tenant: str
+    model: str
+    prompt_tokens: int
+    max_output_tokens: int
+    deadline: float | None = None
+    quality_tier: QualityTier = QualityTier.EXACT
+    quality_tolerance: float = 0.0  # APPROXIMATE accepts quality >= 1 - tolerance
+    attempt: int = 0
+    avoid_pools: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        owner = f"RequestWork({self.request_id})"
+        _checks.non_empty("RequestWork", "request_id", self.request_id)
+        _checks.at_least(owner, "prompt_tokens", self.prompt_tokens, 1)
+        _checks.at_least(owner, "max_output_tokens", self.max_output_tokens, 1)
+        _checks.fraction(owner, "quality_tolerance", self.quality_tolerance)
+        _checks.non_negative(owner, "attempt", self.attempt)
+        if self.deadline is not None:
+            _checks.finite(owner, "deadline", self.deadline)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.max_output_tokens
+
+
+@dataclass(frozen=True)
+class PathEstimate:
+    """The cost model's view of one placement: seconds per stage, KV bytes moved, money, risk."""
+
+    prefill_pool: str
+    decode_pool: str
+    prefill_wait_s: float
+    prefill_s: float
+    transfer_s: float
+    decode_wait_s: float
+    decode_s: float
+    kv_bytes: float
+    cost: float | None  # dollars, None when a pool on the path carries no price
+    quality: float
+    success_prob: float
+    memory_headroom: float  # 1 - needed / free on the tighter pool, in [0, 1]
+    stall_s: float  # decode-seconds the prefill stalls on a pool that also decodes
+
+    @property
+    def colocated(self) -> bool:
+        return self.prefill_pool == self.decode_pool
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_wait_s + self.prefill_s + self.transfer_s + self.decode_wait_s + self.decode_s
+
+
+@dataclass(frozen=True)
+class RoutingDecision:
+    """Where a request runs: the prefill pool, the decode pool (the same pool when colocated)."""
+
+    request_id: str
+    prefill_pool: str
+    decode_pool: str
+    colocated: bool
+    estimated_completion: float
+    estimate: PathEstimate
+    scores: tuple[tuple[str, float], ...]  # per-scorer value in [0, 1]
+    score: float  # weighted mean of ``scores``
+    explored: bool
+    reason: str
+    rejected: tuple[tuple[str, str], ...] = ()  # (pool/phase, why it was filtered)
+    eligible_prefill: tuple[str, ...] = ()  # pools that passed the filters, for RouterState.record
+    eligible_decode: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NoPlacement:
+    """No pool can take the request now; ``reason`` says why, ``rejected`` per pool."""
+
+    request_id: str
+    reason: str
+    rejected: tuple[tuple[str, str], ...] = ()

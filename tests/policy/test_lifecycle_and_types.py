@@ -1,0 +1,122 @@
+"""Life-cycle enums, attempt ids, and validation messages that name the bad value."""
+
+from __future__ import annotations
+
+import pytest
+from phaseroute.streams.policy import (
+    AdmissionConfig,
+    AttemptStatus,
+    ConfidenceConfig,
+    CurvePoint,
+    FairConfig,
+    JobStatus,
+    Phase,
+    ProfileRow,
+    ProfileSource,
+    RetryConfig,
+    RouterConfig,
+    ScorerWeights,
+    attempt_id,
+    job_transition_error,
+    parse_attempt_id,
+)
+
+
+def test_attempt_id_is_deterministic_and_parses_back():
+    a = attempt_id("job-1/7", Phase.DECODE, 2)
+    assert a == attempt_id("job-1/7", Phase.DECODE, 2) == "job-1/7/decode/2"
+    assert parse_attempt_id(a) == ("job-1/7", Phase.DECODE, 2)
+    assert parse_attempt_id(attempt_id("a/b", Phase.PREFILL, 0)) == ("a/b", Phase.PREFILL, 0)
+    assert len({attempt_id("r", p, n) for p in Phase for n in range(3)}) == 6
+
+
+@pytest.mark.parametrize("bad", ["nope", "r/decode/x", "r/middle/1"])
+def test_parse_attempt_id_rejects_garbage(bad):
+    with pytest.raises(ValueError, match=repr(bad)):
+        parse_attempt_id(bad)
+
+
+def test_attempt_id_rejects_negative_attempt():
+    with pytest.raises(ValueError, match="-1"):
+        attempt_id("r", Phase.PREFILL, -1)
+
+
+def test_job_status_order_and_finished():
+    assert JobStatus.SUBMITTED < JobStatus.ADMITTED < JobStatus.RUNNING < JobStatus.COMPLETED
+    assert JobStatus.REJECTED < JobStatus.RUNNING
+    assert JobStatus.ADMITTED.stage == JobStatus.REJECTED.stage == 1
+    finished = {s for s in JobStatus if s.is_finished}
+    assert finished == {
+        JobStatus.REJECTED,
+        JobStatus.COMPLETED,
+        JobStatus.FAILED,
+        JobStatus.CANCELLED,
+        JobStatus.EXPIRED,
+    }
+
+
+def test_attempt_status_finished():
+    assert not AttemptStatus.WAITING_FOR_KV.is_finished
+    assert AttemptStatus.QUEUED < AttemptStatus.WAITING_FOR_KV < AttemptStatus.RUNNING
+    assert {s for s in AttemptStatus if s.is_finished} == {
+        AttemptStatus.SUCCEEDED,
+        AttemptStatus.FAILED,
+        AttemptStatus.CANCELLED,
+        AttemptStatus.SUPERSEDED,
+    }
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "ok"),
+    [
+        (JobStatus.SUBMITTED, JobStatus.ADMITTED, True),
+        (JobStatus.SUBMITTED, JobStatus.REJECTED, True),
+        (JobStatus.ADMITTED, JobStatus.RUNNING, True),
+        (JobStatus.RUNNING, JobStatus.COMPLETED, True),
+        (JobStatus.RUNNING, JobStatus.EXPIRED, True),
+        (JobStatus.RUNNING, JobStatus.RUNNING, True),  # replay
+        (JobStatus.SUBMITTED, JobStatus.RUNNING, False),
+        (JobStatus.REJECTED, JobStatus.RUNNING, False),
+        (JobStatus.COMPLETED, JobStatus.FAILED, False),
+        (JobStatus.RUNNING, JobStatus.ADMITTED, False),
+    ],
+)
+def test_job_transitions(old, new, ok):
+    assert (job_transition_error(old, new) is None) is ok
+
+
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (lambda: RouterConfig(exploration_share=1.5), "RouterConfig.exploration_share must be in [0, 1], got 1.5"),
+        (lambda: RouterConfig(max_share_step=0.0), "max_share_step must be > 0, got 0.0"),
+        (lambda: RouterConfig(max_error_rate=0.0), "max_error_rate must be > 0, got 0.0"),
+        (lambda: ScorerWeights(completion=-1.0), "ScorerWeights.completion must be >= 0, got -1.0"),
+        (lambda: FairConfig(tenant_weights={"a": 0.0}), "FairConfig.tenant_weights['a'] must be > 0, got 0.0"),
+        (lambda: FairConfig(max_unit_requests=0), "max_unit_requests must be >= 1, got 0"),
+        (lambda: RetryConfig(jitter_fraction=2.0), "RetryConfig.jitter_fraction must be in [0, 1], got 2.0"),
+        (lambda: ConfidenceConfig(samples_scale=float("nan")), "samples_scale must be a finite number, got nan"),
+        (lambda: AdmissionConfig(safety_factor=0.5), "AdmissionConfig.safety_factor must be >= 1.0, got 0.5"),
+        (lambda: CurvePoint(0, 10.0), "CurvePoint.batch_size must be >= 1, got 0"),
+    ],
+)
+def test_config_validation_names_the_bad_value(make, needle):
+    with pytest.raises(ValueError) as err:
+        make()
+    assert needle in str(err.value)
+
+
+def test_profile_row_rejects_unordered_quantiles_and_curve():
+    curve = (CurvePoint(1, 10.0), CurvePoint(8, 50.0))
+    with pytest.raises(ValueError, match=r"p50 <= p90 <= p99, got 0\.3, 0\.2, 0\.1"):
+        ProfileRow("m", Phase.DECODE, "p", "v", curve, 0.3, 0.2, 0.1, 0, 0, 0, 1, 1, 0, ProfileSource.TELEMETRY)
+    with pytest.raises(ValueError, match=r"strictly increasing, got \[8, 1\]"):
+        ProfileRow("m", Phase.DECODE, "p", "v", curve[::-1], 0.1, 0.2, 0.3, 0, 0, 0, 1, 1, 0, ProfileSource.TELEMETRY)
+
+
+def test_curve_interpolation(mk):
+    r = mk.row("p", Phase.DECODE, 800.0)  # (1, 100), (8, 400), (32, 800)
+    assert r.tokens_per_s(1) == 100.0
+    assert r.tokens_per_s(20) == pytest.approx(600.0)
+    assert r.tokens_per_s(64) == 800.0
+    assert r.max_batch_size == 32
