@@ -131,12 +131,15 @@ def build_result_sink(settings: Settings, group_suffix: str = "") -> WorkerLoop:
     return WorkerLoop(config, handler)
 
 
-def build_telemetry_sink(settings: Settings, group_suffix: str = "") -> WorkerLoop:
+def build_telemetry_sink(settings: Settings, group_suffix: str = "", profiles: bool = True) -> WorkerLoop:
     """The telemetry service: the sink loop, plus (started with it) the read-only SQL server
-    that answers for the embedded chdb this process owns (``loop.query_server``)."""
+    that answers for the embedded chdb this process owns (``loop.query_server``) and, unless
+    ``profiles`` is False, the profile builder that publishes the ``profiles`` topic from the
+    loop's ticks every few seconds (``loop.profile_builder``)."""
     from phaseroute.consumers.query_server import LockedClient, QueryServer
     from phaseroute.consumers.telemetry_sink import TelemetrySinkHandler
     from phaseroute.infra.clickhouse import apply_ddl, connect
+    from phaseroute.streams.profiles.builder import service_builder
 
     client = LockedClient(connect(settings))
     apply_ddl(client, settings.clickhouse_database)
@@ -147,6 +150,8 @@ def build_telemetry_sink(settings: Settings, group_suffix: str = "") -> WorkerLo
         topic_kinds={"telemetry.phase": "phase_telemetry", "pools.heartbeat": "pool_heartbeat"},
         service="telemetry-sink",
     )
-    loop = WorkerLoop(config, handler)
+    builder = service_builder(client, settings.bootstrap_servers, settings.clickhouse_database) if profiles else None
+    loop = WorkerLoop(config, handler, on_tick=builder.on_tick if builder else None)
     loop.query_server = QueryServer(client, settings.telemetry_port)  # type: ignore[attr-defined]
+    loop.profile_builder = builder  # type: ignore[attr-defined]
     return loop

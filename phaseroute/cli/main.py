@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from phaseroute.cli import common, stack, worker_cmds
+from phaseroute.cli import common, jobs_cmds, pools_cmd, stack, worker_cmds
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="phaseroute: offline LLM batch inference over Kafka.")
 
@@ -26,6 +26,12 @@ app.command("topics")(stack.list_topics)
 app.command("worker")(worker_cmds.worker)
 app.command("sink")(worker_cmds.sink)
 app.command("query")(worker_cmds.query)
+app.command("pools")(pools_cmd.pools)
+app.command("control")(jobs_cmds.control)
+app.command("submit")(jobs_cmds.submit)
+app.command("status")(jobs_cmds.status)
+app.command("results")(jobs_cmds.results)
+app.command("cancel")(jobs_cmds.cancel)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,128 @@
+"""Materialized views the router joins against: the profile table and the pool states.
+
+``profiles`` is a compacted topic: the view reads it from the beginning at start (so a
+restarted control plane has every row at once) and follows it. ``pools.heartbeat`` becomes
+one ``PoolState`` per pool: alive while a worker's heartbeat is younger than
+``dead_after_s`` and not DOWN. (A Faust GlobalTable over the externally written compacted
+topic hung in partition assignment with faust-streaming 0.15.3, so the view is a plain
+follower thread; it is read-only state, rebuilt from Kafka on every start.)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from phaseroute.schemas.deadletter import Rejected, safe_decode
+from phaseroute.streams.policy import LinkProfile, Phase, PoolState, ProfileRow, ProfileTable
+from phaseroute.streams.profiles.convert import from_avro
+
+
+class TopicFollower:
+    """Reads every partition of a topic from the beginning and hands each record to a callback."""
+
+    def __init__(self, bootstrap: str, topic: str, kind: str, on_record: Callable[[dict[str, Any]], None]) -> None:
+        self.topic, self.kind, self.on_record = topic, kind, on_record
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"view-{uuid.uuid4().hex}",
+                                  "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+        self._stop = threading.Event()
+        self.caught_up = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"follow-{topic}", daemon=True)
+
+    def start(self) -> None:
+        metadata = self.consumer.list_topics(self.topic, timeout=15).topics[self.topic]
+        parts = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in metadata.partitions]
+        self._ends = {p.partition: self.consumer.get_watermark_offsets(p, timeout=10)[1] for p in parts}
+        self.consumer.assign(parts)
+        self._thread.start()
+
+    def _run(self) -> None:
+        positions: dict[int, int] = {}
+        while not self._stop.is_set():
+            msg = self.consumer.poll(0.2)
+            if msg is not None and not msg.error():
+                positions[msg.partition()] = msg.offset() + 1
+                decoded = safe_decode(msg.value(), msg.key(), topic=msg.topic(), partition=msg.partition(),
+                                      offset=msg.offset(), service="control-view", now_ms=int(time.time() * 1000),
+                                      expected_kind=self.kind)
+                if not isinstance(decoded, Rejected):
+                    self.on_record(decoded.record)
+            if not self.caught_up.is_set() and all(positions.get(p, 0) >= end for p, end in self._ends.items()):
+                self.caught_up.set()
+        self.consumer.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class ProfileView:
+    """The latest profile row per key, as a policy ``ProfileTable``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rows: dict[tuple[str, ...], ProfileRow] = {}
+        self._links: dict[tuple[str, str], LinkProfile] = {}
+        self.version = 0
+
+    def on_record(self, record: dict[str, Any]) -> None:
+        converted = from_avro(record)
+        with self._lock:
+            if isinstance(converted, LinkProfile):
+                self._links[(converted.src, converted.dst)] = converted
+            else:
+                key = (converted.model, converted.phase.value, converted.pool, converted.variant, converted.source.value)
+                self._rows[key] = converted
+            self.version += 1
+
+    def table(self) -> ProfileTable:
+        with self._lock:
+            return ProfileTable.from_rows(list(self._rows.values()), list(self._links.values()))
+
+
+class PoolView:
+    """Pool states from worker heartbeats (and the control plane's own in-flight counts)."""
+
+    def __init__(self, dead_after_s: float = 8.0) -> None:
+        self._lock = threading.Lock()
+        self._workers: dict[str, dict[str, Any]] = {}
+        self.dead_after_s = dead_after_s
+
+    def on_record(self, beat: dict[str, Any]) -> None:
+        with self._lock:
+            known = self._workers.get(beat["worker_id"])
+            if known is None or known["at"] <= beat["at"]:
+                self._workers[beat["worker_id"]] = beat
+
+    def workers(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._workers.values())
+
+    def states(self, now: float, in_flight: dict[str, int], failures: dict[str, int],
+               prices: dict[str, float] | None = None) -> dict[str, PoolState]:
+        """One PoolState per pool seen in heartbeats; ``now`` in seconds."""
+        by_pool: dict[str, list[dict[str, Any]]] = {}
+        for beat in self.workers():
+            by_pool.setdefault(beat["pool"], []).append(beat)
+        states = {}
+        for pool, beats in by_pool.items():
+            alive = [b for b in beats if b["status"] == "UP" and now - b["at"] / 1000 <= self.dead_after_s]
+            phases: set[Phase] = set()
+            for b in alive or beats:
+                phases |= {Phase.PREFILL, Phase.DECODE} if b["phase"] == "BOTH" else {Phase(b["phase"].lower())}
+            newest = max(beats, key=lambda b: b["at"])
+            states[pool] = PoolState(
+                name=pool, alive=bool(alive), phases=frozenset(phases),
+                models=frozenset(m for b in beats for m in b["models"]), variant=newest["variant"],
+                workers=len(alive), max_batch=max(b["max_batch"] for b in beats) or 1,
+                free_kv_bytes=sum(b["kv_free_bytes"] for b in alive),
+                queue_requests=sum(b["consumer_lag"] for b in alive), in_flight=in_flight.get(pool, 0),
+                recent_failures=failures.get(pool, 0), last_heartbeat=newest["at"] / 1000,
+                price_per_hour=(prices or {}).get(pool),
+            )
+        return states
