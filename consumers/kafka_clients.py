@@ -29,7 +29,7 @@ def producer_config(bootstrap: str, client_id: str) -> dict[str, Any]:
         "acks": "all",
         "partitioner": "murmur2_random",
         "linger.ms": 5,
-        "compression.type": "lz4",
+        "compression.type": "lz4",  # Faust's aiokafka reads it through cramjam
         "message.max.bytes": 16 * 1024 * 1024,
     }
 

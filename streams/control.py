@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import random
+from datetime import datetime, timezone
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +54,7 @@ class ControlConfig:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     retry: RetryConfig = field(default_factory=RetryConfig)
     quotas: dict[str, TenantQuota] = field(default_factory=dict)
-    slots_per_worker: int = 2  # dispatched-but-unfinished requests allowed per worker's max batch
+    slots_per_worker: int = 1  # dispatched-but-unfinished requests per slot of a worker's max batch
     heartbeat_timeout_s: float = 8.0
     progress_every: int = 5
     results_dir: str = "."
@@ -109,8 +110,10 @@ class ControlPlane:
             return records.job_event_sends(known, known["state"], now, reason="job id already submitted; not run again")
         entry = self._job_entry(job)
         model = self.models.get(job["model"])
+        if model is None:
+            return self._reject(entry, f"unknown model {job['model']!r}; this deployment serves {sorted(self.models)}", None, now)
         try:
-            prompts = prompts_of(job, model) if model else []
+            prompts = prompts_of(job, model)
         except IntakeError as exc:
             return self._reject(entry, str(exc), None, now)
         spec = JobSpec(
@@ -227,8 +230,7 @@ class ControlPlane:
             self._profile_version = self.profiles.version
             self.router_state.refresh(tuple(pools.values()), self.profiles.table(), self.config.router, now)
         sends = self._requeue_due(now) + self._handle_dead_pools(pools, now) + self._speculate(pools, now)
-        free = sum(max(0, p.workers * p.max_batch * self.config.slots_per_worker - p.in_flight)
-                   for p in pools.values() if p.alive and Phase.PREFILL in p.phases)
+        free = self._free_slots(pools)
         if free <= 0:
             return sends
         table = self.profiles.table()
@@ -297,6 +299,17 @@ class ControlPlane:
                 self.requests[rid] = req
                 self._enqueue(rid, req, now)
         return []
+
+    def _free_slots(self, pools: dict[str, PoolState]) -> int:
+        """Backpressure: requests the fleet can take now. Every request needs prefill and decode, so
+        the free prefill slots are capped by the decode concurrency left (dispatched requests count
+        against it wherever they are)."""
+        live = [p for p in pools.values() if p.alive]
+        slots = self.config.slots_per_worker
+        prefill = sum(max(0, p.workers * p.max_batch * slots - p.in_flight) for p in live if Phase.PREFILL in p.phases)
+        decode_capacity = sum(p.workers * p.max_batch * slots for p in live if Phase.DECODE in p.phases)
+        in_flight = sum(p.in_flight for p in pools.values())
+        return min(prefill, max(0, decode_capacity - in_flight))
 
     def _in_flight(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -376,6 +389,9 @@ class ControlPlane:
                 "tokens_out": 0, "quality_tier": job["quality_tier"], "output_file": None}
 
     def _reject(self, entry: dict[str, Any], reason: str, earliest: float | None, now: float) -> list[Send]:
+        if earliest is not None:
+            when = datetime.fromtimestamp(earliest, timezone.utc).isoformat(timespec="seconds")
+            reason += f" (resubmit with a deadline at or after {when}, {earliest - now:.0f} s from now)"
         entry = dict(entry, state="REJECTED", finished_at=now)
         self.jobs[entry["job_id"]] = entry
         return records.job_event_sends(entry, "REJECTED", now, reason=reason, earliest_feasible_deadline=earliest)

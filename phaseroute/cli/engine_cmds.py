@@ -80,7 +80,9 @@ def bench_engine(
     from phaseroute.engine.errors import EngineError
 
     with errors_as_messages(EngineError, ValueError):
-        report = run_bench(BenchConfig(model=model, variant=variant, threads=threads, n_prompts=prompts, store_url=store))
+        config = BenchConfig(model=model, variant=variant, threads=threads, n_prompts=prompts, store_url=store)
+        started = time.perf_counter()
+        report = run_bench(config, progress=lambda msg: console.print(f"[{time.perf_counter() - started:6.1f} s] {msg}", highlight=False))
     if as_json:
         sys.stdout.write(json.dumps(report) + "\n")
         return

@@ -189,3 +189,19 @@ def control(tenants: Path = typer.Option(None, "--tenants", help="YAML: {tenant:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app, _handle = build_app(settings, control_config(settings, tenants))
     faust.Worker(app, loglevel="info", redirect_stdouts=False).execute_from_commandline()
+
+
+def demo(
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (progress stays on stderr)."),
+    scale: float = typer.Option(1.0, "--scale", help="Multiply the number of requests per job."),
+    timeout_s: float = typer.Option(480.0, "--timeout", help="Give up on the jobs after this many seconds."),
+    profile: bool = typer.Option(True, "--profile/--no-profile", help="Measure cold-start profiles first."),
+) -> None:
+    """Run the main job: Kafka, ClickHouse telemetry, control plane, three real pools, three tenants."""
+    from phaseroute.demo.run import DemoError, run_demo
+    from phaseroute.infra.kafka_launcher import BrokerStartError, ToolchainError
+
+    try:
+        run_demo(current_settings(), as_json, scale, timeout_s, profile)
+    except (DemoError, ToolchainError, BrokerStartError, TimeoutError, RuntimeError) as exc:
+        fail(str(exc))

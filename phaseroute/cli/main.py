@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from phaseroute.cli import common, jobs_cmds, pools_cmd, stack, worker_cmds
+from phaseroute.cli import common, engine_cmds, jobs_cmds, pools_cmd, sim_cmds, stack, worker_cmds
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="phaseroute: offline LLM batch inference over Kafka.")
 
@@ -32,6 +32,11 @@ app.command("submit")(jobs_cmds.submit)
 app.command("status")(jobs_cmds.status)
 app.command("results")(jobs_cmds.results)
 app.command("cancel")(jobs_cmds.cancel)
+app.command("demo")(jobs_cmds.demo)
+app.command("profile")(engine_cmds.profile)
+app.add_typer(engine_cmds.bench_app, name="bench")
+app.add_typer(sim_cmds.sim_app, name="sim")
+app.add_typer(sim_cmds.plan_app, name="plan")
 
 
 if __name__ == "__main__":  # pragma: no cover

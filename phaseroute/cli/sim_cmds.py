@@ -220,3 +220,15 @@ def _print_plan(doc: dict) -> None:
     for name, p in choice["placement"].items():
         typer.echo(f"  {name}: {p['accelerators']} x {p['accelerator']} ({p['instances']} instances of {p['model']}, tp={p['tp']}),"
                    f" prefill share of busy time {p['prefill_share_of_busy_time']}")
+
+
+def _standalone() -> typer.Typer:
+    """``python -m phaseroute.cli.sim_cmds sim|plan ...`` works before (and besides) registration."""
+    app = typer.Typer(add_completion=False, no_args_is_help=True)
+    app.add_typer(sim_app, name="sim")
+    app.add_typer(plan_app, name="plan")
+    return app
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _standalone()()

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 from rich.table import Table
 
 from phaseroute.cli.common import console, current_settings, errors_as_messages
-from phaseroute.infra import kafka_launcher, processes, provision, topics
+from phaseroute.infra import kafka_launcher, processes, provision, stack, topics
 
 
 def up(
-    pools: list[str] = typer.Option([], "--pool", help="Also create the work topics of this pool (repeatable)."),
+    pools: str = typer.Option(None, "--pools", help="Also start the stack: pools as name=phase:variant[:threads][xN],... or a YAML file."),
+    tenants: Path = typer.Option(None, "--tenants", help="Tenant weights and quotas (YAML) for the control plane."),
 ) -> None:
-    """Start the local Kafka broker (unless --bootstrap-servers names a cluster) and provision topics."""
+    """Start Kafka (unless --bootstrap-servers names a cluster), provision topics; with --pools also the
+    telemetry service, result sink, control plane and each pool's workers."""
     cfg = current_settings()
     with errors_as_messages(kafka_launcher.ToolchainError, kafka_launcher.BrokerStartError, topics.TopicMismatchError, ValueError):
         if cfg.external_kafka:
@@ -22,8 +25,12 @@ def up(
         else:
             pid = kafka_launcher.start(cfg)
             console.print(f"Kafka {cfg.kafka_version} (KRaft, single node) answers on {cfg.bootstrap_servers} (pid {pid})")
-        created = provision.provision(cfg.bootstrap_servers, topics.all_topics(pools))
-    console.print(f"topics: {len(created)} created, spec checked")
+        specs = stack.parse_pools(pools) if pools else []
+        created = provision.provision(cfg.bootstrap_servers, topics.all_topics([p.name for p in specs]))
+        console.print(f"topics: {len(created)} created, spec checked")
+        if specs:
+            names = stack.start(cfg, specs, tenants)
+            console.print(f"started: {', '.join(names)} (logs in {cfg.run_dir / 'logs'}; `phaseroute down` stops them)")
 
 
 def down() -> None:

@@ -1,0 +1,1 @@
+"""`phaseroute demo`: the whole stack end to end on this machine."""

@@ -1,0 +1,174 @@
+"""``phaseroute demo``: the whole product on this machine, end to end, with real parts.
+
+1. Kafka (unless --bootstrap-servers names a cluster) and the topic spec.
+2. Cold-start profiles: each pool's variant is microbenchmarked (`phaseroute profile --quick`)
+   into ClickHouse — the router's first measured rows.
+3. The stack: telemetry service (ClickHouse + profile builder), result sink, control plane
+   (Faust) and three real pools that differ: an fp32 prefill pool, an int8 decode pool and an
+   fp32 colocated pool (SmolLM2-135M on CPU).
+4. Jobs from three tenants (one floods), an infeasible job and a resubmitted job id.
+5. Live progress, then a summary measured from Kafka and ClickHouse; everything it started is
+   stopped at the end, also on Ctrl-C or failure.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from phaseroute.cli.jobs_cmds import job_record, latest_job_states, parse_deadline, publish
+from phaseroute.config import Settings
+from phaseroute.demo import summary as summarize
+from phaseroute.demo.workload import TENANTS, DemoJob, demo_jobs, write_input
+from phaseroute.infra import kafka_launcher, processes, provision, stack, topics
+from phaseroute.streams.views import PoolView, ProfileView, TopicFollower
+
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "EXPIRED", "REJECTED"}
+
+
+class DemoError(RuntimeError):
+    """The demo could not run; the message says why."""
+
+
+def profile_pools(pools: list[stack.PoolSpec], console: Console) -> None:
+    for pool in pools:
+        console.print(f"profiling pool {pool.name} ({pool.variant}) for its cold-start profile ...")
+        proc = subprocess.run([sys.executable, "-m", "phaseroute.cli.main", "profile", "--pool", pool.name,
+                               "--variant", pool.variant, "--quick", "--threads", str(pool.threads)],
+                              capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise DemoError(f"profiling pool {pool.name} failed:\n{proc.stdout[-1500:]}{proc.stderr[-1500:]}")
+
+
+def wait_until_ready(settings: Settings, pools: list[stack.PoolSpec], names: list[str], timeout_s: float) -> None:
+    """Every pool has a live worker and a profile row the router can use."""
+    pool_view, profile_view = PoolView(), ProfileView()
+    followers = [TopicFollower(settings.bootstrap_servers, "pools.heartbeat", "pool_heartbeat", pool_view.on_record),
+                 TopicFollower(settings.bootstrap_servers, "profiles", "profile_row", profile_view.on_record)]
+    for f in followers:
+        f.start()
+    wanted = {p.name for p in pools}
+
+    def ready() -> bool:
+        states = pool_view.states(time.time(), {}, {})
+        alive = {n for n, s in states.items() if s.alive}
+        profiled = {row.pool for row in profile_view.table().rows.values()}
+        return wanted <= alive and wanted <= profiled
+
+    try:
+        stack.wait_for(ready, timeout_s, "all pools alive and profiled", settings, names)
+    finally:
+        for f in followers:
+            f.stop()
+
+
+def submit_jobs(settings: Settings, jobs: list[DemoJob], workdir: Path) -> list[str]:
+    submitted = []
+    for job in jobs:
+        path = write_input(job, workdir)
+        record = job_record(path, job.tenant, job.priority, parse_deadline(job.deadline, time.time()), job.job_id,
+                            job.quality, "smollm2-135m", job.max_tokens, job.tolerance)
+        for _ in range(2 if job.resubmit else 1):
+            publish(settings.bootstrap_servers, "jobs.submitted", job.job_id, "job_submitted", record)
+        submitted.append(job.job_id)
+    return submitted
+
+
+def follow_jobs(settings: Settings, job_ids: list[str], names: list[str], console: Console, timeout_s: float) -> dict[str, Any]:
+    states: dict[str, Any] = {}
+    with Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as bar:
+        tasks = {j: bar.add_task(j, total=None) for j in job_ids}
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            stack.check_running(settings, names)
+            all_states = latest_job_states(settings.bootstrap_servers, idle_s=0.2)
+            states = {j: all_states[j] for j in job_ids if j in all_states}
+            for job_id, event in states.items():
+                rejected = event["state"] == "REJECTED"
+                bar.update(tasks[job_id], total=1 if rejected else event["requests_total"] or 1,
+                           completed=1 if rejected else event["requests_done"] + event["requests_failed"],
+                           description=f"{job_id} {event['state']}")
+            if len(states) == len(job_ids) and all(e["state"] in FINAL for e in states.values()):
+                return states
+            time.sleep(1.0)
+    raise DemoError(f"jobs not finished within {timeout_s:.0f} s: "
+                    + ", ".join(f"{j}={states.get(j, {}).get('state')}" for j in job_ids))
+
+
+def print_summary(doc: dict[str, Any], console: Console) -> None:
+    jobs = Table("job", "tenant", "state", "done/total", "tokens out", "s", "tokens/s", "deadline", title="Jobs")
+    for j in doc["jobs"]:
+        deadline = "missed" if j["deadline_missed"] else ("met" if j["state"] == "COMPLETED" else "-")
+        jobs.add_row(j["job_id"], str(j["tenant"]), j["state"], f"{j['done']}/{j['requests']}", str(j["tokens_out"]),
+                     str(j["seconds"] or "-"), str(j["tokens_per_s"] or "-"), deadline)
+    console.print(jobs)
+    for j in doc["jobs"]:
+        if j["reason"]:
+            console.print(f"  {j['job_id']} rejected: {j['reason']}", highlight=False)
+    pools = Table("pool", "phase", "batches", "busy s", "utilization", "tokens in", "tokens out", "KV bytes", title="Pools")
+    for p in doc["pools"]:
+        pools.add_row(p["pool"], p["phase"], str(p["batches"]), str(p["busy_s"]), f"{p['utilization']:.0%}",
+                      str(p["tokens_in"]), str(p["tokens_out"]), str(p["kv_bytes"]))
+    console.print(pools)
+    tenants = Table("tenant", "weight", "served cost", "share", "weighted share", title="Tenants (cost = input + 2 x output tokens)")
+    for t in doc["tenants"]:
+        tenants.add_row(t["tenant"], str(t["weight"]), str(t["served_cost"]), f"{t['share']:.1%}", f"{t['weighted_share']:.1%}")
+    console.print(tenants)
+    r = doc["routing"]
+    console.print(f"routing: {r['colocated']} colocated, {r['disaggregated']} disaggregated; paths {r['paths']}; "
+                  f"KV moved {r['kv_bytes_moved']} bytes in {r['kv_transfer_s']} s", highlight=False)
+    console.print(f"{doc['output_tokens']} output tokens in {doc['wall_s']} s = {doc['output_tokens_per_s']} tokens/s; "
+                  f"{doc['deadline_misses']} deadline misses", highlight=False)
+
+
+def run_demo(settings: Settings, as_json: bool, scale: float, timeout_s: float, profile: bool) -> dict[str, Any]:
+    console = Console(stderr=True)
+    pools = list(stack.DEMO_POOLS)
+    started: list[str] = []
+    own_kafka = False
+    busy = [n for n in processes.names(settings.run_dir) if n != "kafka" and processes.alive_pid(settings.run_dir, n)]
+    if busy:
+        raise DemoError(f"a phaseroute stack is already running ({', '.join(busy)}); stop it with `phaseroute down`")
+    try:
+        if not settings.external_kafka:
+            own_kafka = processes.alive_pid(settings.run_dir, "kafka") is None
+            kafka_launcher.start(settings)
+        provision.provision(settings.bootstrap_servers, topics.all_topics([p.name for p in pools]))
+        if profile:
+            profile_pools(pools, console)
+        tenants_file = settings.run_dir / "demo-tenants.yaml"
+        tenants_file.parent.mkdir(parents=True, exist_ok=True)
+        tenants_file.write_text(yaml.safe_dump(TENANTS))
+        started = stack.start(settings, pools, tenants_file)
+        console.print(f"started {', '.join(started)}; waiting for pools and profiles ...")
+        wait_until_ready(settings, pools, started, timeout_s=240)
+        run = f"demo-{uuid.uuid4().hex[:6]}"
+        since = time.time()
+        job_ids = submit_jobs(settings, demo_jobs(run, scale), settings.run_dir / "demo-inputs")
+        states = follow_jobs(settings, job_ids, started, console, timeout_s)
+        until = time.time()
+        time.sleep(2.0)  # the telemetry service flushes every second
+        doc = summarize.collect(settings.bootstrap_servers, settings.telemetry_port, states, job_ids,
+                                [p.name for p in pools], {t: v["weight"] for t, v in TENANTS.items()}, since, until)
+        doc["pools_spec"] = [p.__dict__ for p in pools]
+    finally:
+        for name in reversed(started):
+            processes.stop(settings.run_dir, name)
+        if own_kafka:
+            processes.stop(settings.run_dir, "kafka")
+    if as_json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print_summary(doc, console)
+    return doc

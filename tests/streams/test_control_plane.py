@@ -1,0 +1,200 @@
+"""The control plane's decisions between events: admission, idempotent resubmission, fairness
+under a flood, retries away from a failing pool, cancellation.
+
+These drive ``ControlPlane`` directly (the Faust app only feeds it events and sends what it
+returns). The pools are a fleet we do not have here, described by heartbeats and profile rows
+(fakes for hardware, as the standards allow); the tokenizer is SmolLM2's real one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from phaseroute.config import settings
+from phaseroute.schemas.ids import request_id
+from phaseroute.streams.control import ControlConfig, ControlPlane
+from phaseroute.streams.model_catalog import load_model_info
+from phaseroute.streams.policy import CurvePoint, FairConfig, Phase, ProfileRow, ProfileSource
+from phaseroute.streams.profiles.convert import row_to_avro
+from phaseroute.streams.views import PoolView, ProfileView
+
+MODEL = "smollm2-135m"
+
+
+@pytest.fixture(scope="module")
+def model_info():
+    return load_model_info(MODEL, settings().model_cache)
+
+
+def heartbeat(pool: str, phase: str, now: float, variant: str = "fp32", max_batch: int = 8) -> dict[str, Any]:
+    return {"pool": pool, "worker_id": f"{pool}-0", "phase": phase, "variant": variant, "device": "cpu",
+            "models": [MODEL], "queue_depth": 0, "consumer_lag": 0, "batch_in_flight": 0, "max_batch": max_batch,
+            "memory_bytes": 10**9, "kv_free_bytes": 4 * 10**9, "host": "test", "pid": 1, "status": "UP",
+            "started_at": int((now - 60) * 1000), "interval_s": 2.0, "at": int(now * 1000)}
+
+
+def profile(pool: str, phase: Phase, tokens_per_s: float, now: float, error_rate: float = 0.0,
+            samples: int = 500, variant: str = "fp32") -> dict[str, Any]:
+    row = ProfileRow(MODEL, phase, pool, variant, (CurvePoint(1, tokens_per_s / 4), CurvePoint(8, tokens_per_s)),
+                     0.05, 0.08, 0.1, 46080.0, 46080.0, error_rate, 1.0, samples, now, ProfileSource.TELEMETRY)
+    return row_to_avro(row, 900.0)
+
+
+def plane(model_info, pools: dict[str, str], now: float, fair: FairConfig | None = None,
+          speed: dict[str, float] | None = None) -> ControlPlane:
+    pool_view, profile_view = PoolView(), ProfileView()
+    for name, phase in pools.items():
+        pool_view.on_record(heartbeat(name, phase, now))
+        phases = [Phase.PREFILL, Phase.DECODE] if phase == "BOTH" else [Phase(phase.lower())]
+        for ph in phases:
+            base = 500.0 if ph is Phase.PREFILL else 150.0
+            profile_view.on_record(profile(name, ph, base * (speed or {}).get(name, 1.0), now))
+    config = ControlConfig(fair=fair or FairConfig(), results_dir="/tmp/results")
+    return ControlPlane({}, {}, profile_view, pool_view, {MODEL: model_info}, config, seed=1)
+
+
+def job(job_id: str, tenant: str, n: int, deadline_s: float, now: float, max_tokens: int = 16) -> dict[str, Any]:
+    return {"job_id": job_id, "tenant": tenant, "priority": 1, "submitted_at": int(now * 1000),
+            "deadline": int((now + deadline_s) * 1000), "model": MODEL, "quality_tier": "EXACT", "quality_tolerance": None,
+            "sampling": {"temperature": 0.0, "top_p": 1.0, "max_tokens": max_tokens},
+            "requests": [{"custom_id": f"{tenant}-{i}", "prompt": None, "max_tokens": max_tokens,
+                          "messages": [{"role": "user", "content": f"Question number {i}: what is {i} plus {i}?"}]}
+                         for i in range(n)], "input_file": None, "output_file": None, "metadata": {}}
+
+
+def admit_all(cp: ControlPlane, record: dict[str, Any], now: float) -> list:
+    sends = cp.submit(record, now)
+    for s in sends:
+        if s.topic == "requests.pending":
+            cp.pending(s.record, now)
+    return sends
+
+
+def finish(cp: ControlPlane, work: dict[str, Any], now: float, tokens: int = 16) -> None:
+    cp.result({"request_id": work["request_id"], "job_id": work["job_id"], "tenant": work["tenant"],
+               "status": "OK", "prompt_tokens": work["prompt_tokens"], "completion_tokens": tokens}, now)
+
+
+def test_infeasible_deadline_is_rejected_naming_a_feasible_one(model_info) -> None:
+    now = time.time()
+    cp = plane(model_info, {"colo": "BOTH"}, now)
+    sends = cp.submit(job("j-rush", "acme", 400, deadline_s=2, now=now, max_tokens=64), now)
+    event = next(s.record for s in sends if s.topic == "jobs.events")
+    assert event["state"] == "REJECTED"
+    assert "earliest feasible deadline" in event["reason"] and "resubmit with a deadline at or after" in event["reason"]
+    assert event["earliest_feasible_deadline"] > event["deadline"]
+    # the deadline it names is feasible: the same job with it is admitted
+    feasible_s = event["earliest_feasible_deadline"] / 1000 - now + 1
+    again = cp.submit(job("j-rush-2", "acme", 400, deadline_s=feasible_s, now=now, max_tokens=64), now)
+    assert next(s.record for s in again if s.topic == "jobs.events")["state"] == "ADMITTED"
+
+
+@pytest.mark.parametrize(("mutate", "needle"), [
+    (lambda j: j.update(model="gpt-9"), "gpt-9"),
+    (lambda j: j.update(requests=[]), "no prompts"),
+    (lambda j: j.update(deadline=j["submitted_at"] - 60_000), "deadline"),
+    (lambda j: j["requests"][0].update(messages=[{"role": "user", "content": "word " * 9000}]), "8192"),
+    (lambda j: j.update(input_file="/nonexistent/batch.jsonl", requests=[]), "/nonexistent/batch.jsonl"),
+])
+def test_invalid_jobs_are_rejected_with_a_reason_a_user_can_act_on(model_info, mutate, needle) -> None:
+    now = time.time()
+    cp = plane(model_info, {"colo": "BOTH"}, now)
+    record = job("j-bad", "acme", 2, 600, now)
+    mutate(record)
+    event = next(s.record for s in cp.submit(record, now) if s.topic == "jobs.events")
+    assert event["state"] == "REJECTED"
+    assert needle in event["reason"]
+
+
+def test_resubmitted_job_id_is_not_run_twice(model_info) -> None:
+    now = time.time()
+    cp = plane(model_info, {"colo": "BOTH"}, now)
+    first = admit_all(cp, job("j-1", "acme", 3, 600, now), now)
+    second = cp.submit(job("j-1", "acme", 3, 600, now), now + 1)
+    assert sum(s.topic == "requests.pending" for s in first) == 3
+    assert not any(s.topic == "requests.pending" for s in second)
+    assert next(s.record for s in second if s.topic == "jobs.events")["reason"].startswith("job id already submitted")
+    dispatched = [s for s in cp.tick(now + 1) if s.topic.startswith("prefill.")]
+    assert len({s.record["request_id"] for s in dispatched}) == 3
+
+
+def test_flooding_tenant_cannot_starve_a_small_one(model_info) -> None:
+    """A submits 20x B's tokens at once; while both are backlogged B's served cost stays within
+    the VTC bound of its weighted share (weights 1:1)."""
+    now = time.time()
+    fair = FairConfig(max_unit_requests=4)
+    cp = plane(model_info, {"colo": "BOTH"}, now, fair=fair)
+    admit_all(cp, job("flood", "tenant-a", 200, 7200, now), now)
+    admit_all(cp, job("small", "tenant-b", 10, 7200, now), now)
+    served = {"tenant-a": 0.0, "tenant-b": 0.0}
+    running: list[dict[str, Any]] = []
+    t = now
+    gaps = []
+    while any(r["status"] == "pending" for r in cp.requests.values() if r["tenant"] == "tenant-b"):
+        t += 0.5
+        running += [s.record for s in cp.tick(t) if s.topic.startswith("prefill.")]
+        for work in running[:4]:  # the fleet finishes 4 requests per step
+            finish(cp, work, t)
+            served[work["tenant"]] += work["prompt_tokens"] + 2 * 16
+        running = running[4:]
+        gaps.append(served["tenant-a"] - served["tenant-b"])
+        assert t - now < 600, "tenant-b never got its requests served"
+    bound = fair.max_unit_cost + 2 * max(r["prompt_tokens"] + 2 * r["max_tokens"] for r in cp.requests.values())
+    assert max(abs(g) for g in gaps) <= bound, f"gap {max(gaps)} exceeds the VTC bound {bound}"
+    pending_a = sum(r["status"] == "pending" for r in cp.requests.values() if r["tenant"] == "tenant-a")
+    assert pending_a > 150, "B was served only after A drained: that is not fairness"
+
+
+def test_a_pool_failing_every_attempt_gets_no_further_work(model_info) -> None:
+    now = time.time()
+    cp = plane(model_info, {"bad": "BOTH", "good": "BOTH"}, now)
+    admit_all(cp, job("j-retry", "acme", 12, 3600, now), now)
+    t, done = now, set()
+    sent_to_bad_after_failures = 0
+    for _ in range(200):
+        t += 1.0
+        measured = cp._failures.get("bad", 0) >= 1  # the profile already carries the pool's failures
+        for s in cp.tick(t):
+            if not s.topic.startswith("prefill."):
+                continue
+            work = s.record
+            if s.topic == "prefill.bad":
+                sent_to_bad_after_failures += measured
+                cp.attempt_failed({"attempt_id": work["attempt_id"], "request_id": work["request_id"], "job_id": work["job_id"],
+                                   "tenant": work["tenant"], "attempt": work["attempt"], "phase": "PREFILL", "pool": "bad",
+                                   "worker_id": "bad-0", "error_class": "RuntimeError", "error": "device lost",
+                                   "retryable": True, "at": int(t * 1000)}, t)
+                # the pool's telemetry now measures its failures: the profile builder would publish this
+                cp.profiles.on_record(profile("bad", Phase.PREFILL, 500.0, t, error_rate=1.0))
+                cp.profiles.on_record(profile("bad", Phase.DECODE, 150.0, t, error_rate=1.0))
+            else:
+                finish(cp, work, t)
+                done.add(work["request_id"])
+        if len(done) == 12:
+            break
+    assert len(done) == 12, "the job must complete on the healthy pool"
+    assert cp.jobs["j-retry"]["state"] == "COMPLETED"
+    assert sent_to_bad_after_failures == 0
+    assert cp.reports.retries >= 1
+
+
+def test_cancel_drops_queued_requests(model_info) -> None:
+    now = time.time()
+    cp = plane(model_info, {"colo": "BOTH"}, now)
+    admit_all(cp, job("j-c", "acme", 50, 3600, now), now)
+    first = [s for s in cp.tick(now + 0.5) if s.topic.startswith("prefill.")]
+    sends = cp.cancel({"job_id": "j-c", "tenant": "acme", "command": "CANCEL", "at": 0, "reason": "changed my mind"}, now + 1)
+    assert next(s.record for s in sends if s.topic == "jobs.events")["state"] == "CANCELLED"
+    assert not [s for s in cp.tick(now + 2) if s.topic.startswith("prefill.")]
+    assert len(first) < 50
+
+
+def test_request_ids_are_derived_from_job_and_custom_id(model_info) -> None:
+    now = time.time()
+    cp = plane(model_info, {"colo": "BOTH"}, now)
+    sends = admit_all(cp, job("j-ids", "acme", 2, 600, now), now)
+    ids = [s.record["request_id"] for s in sends if s.topic == "requests.pending"]
+    assert ids == [request_id("j-ids", "acme-0"), request_id("j-ids", "acme-1")]
