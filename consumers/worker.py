@@ -42,6 +42,7 @@ class WorkerOptions:
     max_decode_batch: int = 32
     worker_id: str | None = None
     heartbeat_s: float = 2.0
+    throttle_file: str | None = None  # fault injection: slowdown factor read from this file
 
     def __post_init__(self) -> None:
         check_pool_name(self.pool)
@@ -68,6 +69,12 @@ def build_phase_worker(settings: Settings, opts: WorkerOptions, executor: Any = 
     from phaseroute.engine.registry import build_executor
 
     executor = executor or build_executor(opts.model, opts.variant, threads=opts.threads, device=opts.device)
+    if opts.throttle_file:
+        from pathlib import Path
+
+        from phaseroute.engine.throttle import ThrottledExecutor
+
+        executor = ThrottledExecutor(executor, Path(opts.throttle_file))
     worker_id = opts.worker_id or worker_id_for(opts.pool, opts.phase)
     spec = WorkerSpec(
         pool=opts.pool, worker_id=worker_id, variant=opts.variant,

@@ -21,6 +21,7 @@ def worker(
     max_wait_ms: float = typer.Option(50.0, "--max-wait-ms", help="Prefill micro-batch: longest wait of the first item."),
     max_decode_batch: int = typer.Option(32, "--max-decode-batch", help="Most sequences in the continuous decode batch."),
     worker_id: str = typer.Option(None, "--worker-id"),
+    throttle_file: str = typer.Option(None, "--throttle-file", help="Fault injection: slow this worker by the factor in FILE (re-read every second)."),
 ) -> None:
     """Run one prefill, decode or colocated worker until SIGTERM."""
     from phaseroute.consumers.worker import WorkerOptions, build_phase_worker, run
@@ -32,7 +33,7 @@ def worker(
         opts = WorkerOptions(
             pool=pool, phase=phase, variant=variant, model=model, threads=threads, device=device, max_batch=max_batch,
             max_batch_tokens=max_batch_tokens, max_wait_s=max_wait_ms / 1000, max_decode_batch=max_decode_batch,
-            worker_id=worker_id,
+            worker_id=worker_id, throttle_file=throttle_file,
         )
         loop, heartbeat = build_phase_worker(settings, opts)
     console.print(f"worker {loop.config.client_id} on {sorted(loop.config.topic_kinds)} (group {loop.config.group_id})")

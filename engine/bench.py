@@ -1,0 +1,203 @@
+"""``phaseroute bench engine``: one JSON object of real measurements on the real model.
+
+On the same ``n_prompts`` chat prompts of mixed lengths (and per-request ``max_tokens``):
+
+* prefill: the prompts in batches of ``prefill_batch`` equal-length prompts -> tokens/s;
+* KV handoff for prompts >= ``handoff_min_tokens``: encode + ``store.put`` + ``store.get`` +
+  verified decode, as a percentage of that request's share of its prefill batch time;
+* KV bytes per token of the blob vs the formula layers x 2 x kv_heads x head_dim x bytes;
+* decode with continuous batching: requests join ``join_per_step`` at a time while others run,
+  and leave on EOS/max_tokens -> decode tokens/s;
+* the baseline: transformers ``generate()`` called once per request, continuing from the same
+  prefilled KV (so both sides measure decode only) -> decode tokens/s, and the ratio;
+* peak RSS and the decode KV allocation per live token.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from phaseroute.engine import kv_codec
+from phaseroute.engine.kv_store import open_store
+from phaseroute.engine.prompts import mixed_workload
+from phaseroute.engine.protocol import DecodeRequest, PrefillItem, PrefillResult
+from phaseroute.engine.registry import build_executor
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    model: str = "smollm2-135m"
+    variant: str = "fp32"
+    threads: int = 2
+    n_prompts: int = 64
+    lengths: tuple[int, ...] = (48, 64, 96, 128, 192, 256, 384, 512)
+    max_tokens: tuple[int, ...] = (8, 16, 24, 32)
+    prefill_batch: int = 8
+    max_batch: int = 64
+    join_per_step: int = 8
+    handoff_min_tokens: int = 256
+    store_url: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def run_bench(config: BenchConfig, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    started = time.perf_counter()
+    ex = build_executor(config.model, config.variant, threads=config.threads)
+    work = mixed_workload(ex.tokenizer, config.n_prompts, list(config.lengths), list(config.max_tokens))
+    progress(f"model loaded in {ex.load_s:.1f} s; {len(work)} prompts")
+    results, shares, prefill_s = _prefill(ex, work, config.prefill_batch)
+    progress(f"prefill done in {prefill_s:.1f} s")
+    handoff = _handoff(results, shares, config)
+    progress(f"KV handoff: {handoff['kv_handoff_pct_of_prefill']}% of prefill")
+    cb = _continuous(ex, work, results, config)
+    progress(f"continuous batching: {cb['tokens_per_s']:.1f} tok/s in {cb['wall_s']:.1f} s")
+    base = _baseline(ex, work, results)
+    progress(f"generate() baseline: {base['tokens_per_s']:.1f} tok/s in {base['wall_s']:.1f} s")
+    agree = sum(cb["tokens"][i] == base["tokens"][i] for i in range(len(work)))
+    prompt_tokens = sum(len(ids) for ids, _ in work)
+    return {
+        "model": config.model,
+        "variant": config.variant,
+        "threads": config.threads,
+        "device": ex.config.device,
+        "n_prompts": len(work),
+        "prompt_tokens_total": prompt_tokens,
+        "prompt_len_min_max": [min(len(i) for i, _ in work), max(len(i) for i, _ in work)],
+        "model_load_s": round(ex.load_s, 2),
+        "prefill_tokens_per_s": round(prompt_tokens / prefill_s, 1),
+        "prefill_batch": config.prefill_batch,
+        "decode_tokens_per_s_continuous": round(cb["tokens_per_s"], 1),
+        "decode_tokens_per_s_generate_baseline": round(base["tokens_per_s"], 1),
+        "decode_speedup_vs_generate": round(cb["tokens_per_s"] / base["tokens_per_s"], 2),
+        "decode_tokens_continuous": cb["decode_tokens"],
+        "decode_tokens_baseline": base["decode_tokens"],
+        "decode_wall_s_continuous": round(cb["wall_s"], 2),
+        "decode_wall_s_baseline": round(base["wall_s"], 2),
+        "decode_steps": cb["steps"],
+        "decode_mean_batch": round(cb["decode_tokens"] / max(1, cb["steps"]), 1),
+        "decode_step_latency_p50_ms": round(1e3 * cb["p50_step_s"], 2),
+        "decode_kv_grow_copies": cb["grow_count"],
+        "decode_kv_peak_allocated_bytes": cb["peak_alloc"],
+        "decode_kv_bytes_per_live_token_at_peak": round(cb["peak_alloc"] / max(1, cb["live_at_peak"]), 1),
+        "greedy_sequences_identical_to_baseline": f"{agree}/{len(work)}",
+        **handoff,
+        "kv_bytes_per_token_formula": ex.kv_bytes_per_token(),
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "bench_wall_s": round(time.perf_counter() - started, 1),
+    }
+
+
+def _prefill(ex: Any, work: list[tuple[list[int], int]], batch: int) -> tuple[list[PrefillResult], list[float], float]:
+    """Prefill in batches of equal-length prompts; per request its token share of the batch time."""
+    order = sorted(range(len(work)), key=lambda i: (len(work[i][0]), i))
+    results: list[Any] = [None] * len(work)
+    shares = [0.0] * len(work)
+    ex.prefill([PrefillItem("warmup", 2, token_ids=tuple(work[order[0]][0]))])
+    total = 0.0
+    for start in range(0, len(order), batch):
+        group = order[start : start + batch]
+        items = [PrefillItem(f"r{i}", work[i][1], token_ids=tuple(work[i][0])) for i in group]
+        t0 = time.perf_counter()
+        out = ex.prefill(items)
+        elapsed = time.perf_counter() - t0
+        total += elapsed
+        tokens = sum(r.prompt_len for r in out)
+        for i, r in zip(group, out):
+            results[i], shares[i] = r, elapsed * r.prompt_len / tokens
+    return results, shares, total
+
+
+def _handoff(results: list[PrefillResult], shares: list[float], config: BenchConfig) -> dict[str, Any]:
+    store = open_store(config.store_url)
+    picked = [i for i, r in enumerate(results) if r.prompt_len >= config.handoff_min_tokens]
+    costs, ratios, per_token, locations = [], [], [], []
+    for i in picked:
+        kv = results[i].kv
+        t0 = time.perf_counter()
+        parts = kv_codec.encode_parts(kv)
+        location = store.put(f"bench/{i}", parts)
+        blob = store.get(location)
+        decoded = kv_codec.decode(blob)
+        cost = time.perf_counter() - t0
+        locations.append(location)
+        costs.append(cost)
+        ratios.append(cost / shares[i])
+        per_token.append(len(blob) / kv.meta.prompt_len)
+        if i == picked[0]:
+            assert all(torch.equal(a, b) for a, b in zip(kv.keys + kv.values, decoded.keys + decoded.values))
+    for location in locations:
+        store.delete(location)
+    overhead = int(round((per_token[0] - results[picked[0]].kv.meta.bytes_per_token) * results[picked[0]].prompt_len))
+    return {
+        "kv_store": store.url,
+        "kv_handoff_requests": len(picked),
+        "kv_handoff_pct_of_prefill": round(100 * sum(costs) / sum(shares[i] for i in picked), 2),
+        "kv_handoff_pct_of_prefill_p50": round(100 * statistics.median(ratios), 2),
+        "kv_handoff_ms_p50": round(1e3 * statistics.median(costs), 2),
+        "kv_blob_bytes_per_token": round(statistics.mean(per_token), 1),
+        "kv_blob_overhead_bytes": overhead,
+    }
+
+
+def _continuous(ex: Any, work: list[tuple[list[int], int]], results: list[PrefillResult], config: BenchConfig) -> dict[str, Any]:
+    session = ex.decode_session(max_batch=config.max_batch)
+    pending = list(range(len(work)))
+    tokens: list[Any] = [None] * len(work)
+    peak_alloc = live_at_peak = 0
+    t0 = time.perf_counter()
+    while pending or session.running():
+        joined = 0
+        while pending and joined < config.join_per_step:
+            i = pending[0]
+            if not session.can_add(results[i].prompt_len + work[i][1]):
+                break
+            pending.pop(0)
+            session.add(DecodeRequest(f"r{i}", results[i].kv, results[i].first_token, work[i][1]))
+            joined += 1
+        for done in session.step():
+            tokens[int(done.request_id[1:])] = done.token_ids
+        if session.kv_bytes_allocated() > peak_alloc or (session.kv_bytes_allocated() == peak_alloc and sum(session.slots.lengths) > live_at_peak):
+            peak_alloc, live_at_peak = session.kv_bytes_allocated(), sum(session.slots.lengths)
+    wall = time.perf_counter() - t0
+    decode_tokens = sum(len(t) - 1 for t in tokens)
+    return {
+        "tokens": tokens,
+        "decode_tokens": decode_tokens,
+        "wall_s": wall,
+        "tokens_per_s": decode_tokens / wall,
+        "steps": session.stats.steps,
+        "p50_step_s": statistics.median(session.stats.step_latencies_s),
+        "grow_count": session.slots.grow_count,
+        "peak_alloc": peak_alloc,
+        "live_at_peak": live_at_peak,
+    }
+
+
+def _baseline(ex: Any, work: list[tuple[list[int], int]], results: list[PrefillResult]) -> dict[str, Any]:
+    """generate() per request from the same prefilled KV (DynamicCache): decode only."""
+    from transformers import DynamicCache
+
+    tokens, wall = [], 0.0
+    for (ids, max_tokens), res in zip(work, results):
+        if max_tokens <= 1 or res.first_token in ex.eos_token_ids:
+            tokens.append([res.first_token])
+            continue
+        cache = DynamicCache([(k[None], v[None]) for k, v in zip(res.kv.keys, res.kv.values)], config=ex.model.config)
+        input_ids = torch.tensor([ids + [res.first_token]], device=ex.device)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = ex.model.generate(
+                input_ids, attention_mask=torch.ones_like(input_ids), past_key_values=cache,
+                max_new_tokens=max_tokens - 1, do_sample=False, pad_token_id=ex.pad_token_id,
+            )
+        wall += time.perf_counter() - t0
+        tokens.append([res.first_token] + out[0, len(ids) + 1 :].tolist())
+    decode_tokens = sum(len(t) - 1 for t in tokens)
+    return {"tokens": tokens, "decode_tokens": decode_tokens, "wall_s": wall, "tokens_per_s": decode_tokens / wall}
