@@ -67,7 +67,7 @@ def test_router_moves_work_off_a_pool_slowed_at_run_time(bootstrap: str, tmp_pat
         stack.worker(FAST, "both", "fp32", "--max-decode-batch", "4")
         stack.worker(SLOW, "both", "fp32", "--max-decode-batch", "4", "--throttle-file", str(throttle))
         started = time.time()
-        _submit(tmp_path, f"warm-{uuid.uuid4().hex[:6]}", 16)  # both pools measured at full speed
+        _submit(tmp_path, f"warm-{uuid.uuid4().hex[:6]}", 24)  # both pools measured at full speed
         time.sleep(50)
         throttle.write_text("4")
         slowed_at = time.time()
@@ -75,7 +75,7 @@ def test_router_moves_work_off_a_pool_slowed_at_run_time(bootstrap: str, tmp_pat
         for i in range(6):  # a steady stream of new work after the slowdown
             jobs.append(f"after-{uuid.uuid4().hex[:6]}")
             _submit(tmp_path, jobs[-1], 12)
-            time.sleep(20)
+            time.sleep(18)
         for job_id in jobs:
             stack.wait_job(job_id, 400)
         ended = time.time()
@@ -86,8 +86,13 @@ def test_router_moves_work_off_a_pool_slowed_at_run_time(bootstrap: str, tmp_pat
     after = _shares(times, slowed_at, ended)
     print(f"\n[figures] share of new work to the slowed pool per {WINDOW_S:.0f} s window: before {before}, after {after}")
     share_before = sum(b * n for _, b, n in before) / sum(n for *_, n in before)
-    late = [s for t, s, n in after if t >= 60]  # bounded reaction time: 60 s after the slowdown
+    late = [(s, n) for t, s, n in after if t >= 60]  # bounded reaction time: 60 s after the slowdown
     assert share_before >= 0.3, f"both pools should share the work before the slowdown ({share_before:.2f})"
-    assert late and max(late) <= share_before * 0.6, f"the slowed pool still gets {late} of the work"
-    for prev, nxt in zip(late, late[1:]):  # no oscillation: once moved, the share does not swing back
-        assert nxt <= prev + 0.15, f"share swung back up: {late}"
+    assert len(late) >= 4, f"too few windows after the reaction time: {after}"
+    mean = lambda ws: sum(s * n for s, n in ws) / sum(n for _, n in ws)  # noqa: E731
+    # a 4x slower pool has 1/5 of the capacity: its share must fall well below an even split
+    assert mean(late) <= 0.33 and mean(late) <= share_before - 0.1, f"slowed pool still gets {mean(late):.2f} ({after})"
+    # no oscillation: the later half does not swing back toward the old share (binomial noise of
+    # ~13 dispatches per window is ~0.12, so windows are compared in halves, not one by one)
+    half = len(late) // 2
+    assert mean(late[half:]) <= mean(late[:half]) + 0.1, f"share swung back up: {after}"
