@@ -198,3 +198,37 @@ def test_request_ids_are_derived_from_job_and_custom_id(model_info) -> None:
     sends = admit_all(cp, job("j-ids", "acme", 2, 600, now), now)
     ids = [s.record["request_id"] for s in sends if s.topic == "requests.pending"]
     assert ids == [request_id("j-ids", "acme-0"), request_id("j-ids", "acme-1")]
+
+
+def test_straggler_gets_a_speculative_copy_and_the_first_result_wins(model_info) -> None:
+    now = time.time()
+    cp = plane(model_info, {"p1": "BOTH", "p2": "BOTH"}, now)
+    admit_all(cp, job("j-s", "acme", 1, 3600, now), now)
+    first = [s for s in cp.tick(now + 0.1) if s.topic.startswith("prefill.")]
+    assert len(first) == 1
+    t = now + 600  # far beyond any measured latency of the profile
+    for name in ("p1", "p2"):  # both pools still alive
+        cp.pools.on_record(heartbeat(name, "BOTH", t))
+    copies = [s for s in cp.tick(t) if s.topic.startswith("prefill.")]
+    assert len(copies) == 1 and copies[0].topic != first[0].topic, "the copy goes to another pool"
+    assert copies[0].record["attempt_id"] != first[0].record["attempt_id"]
+    assert cp.reports.speculative == 1
+    finish(cp, copies[0].record, t + 1)
+    finish(cp, first[0].record, t + 2)  # the loser arrives later: ignored by request id
+    job_entry = cp.jobs["j-s"]
+    assert (job_entry["state"], job_entry["done"]) == ("COMPLETED", 1)
+
+
+def test_in_flight_work_of_a_pool_whose_heartbeats_stop_is_redispatched(model_info) -> None:
+    now = time.time()
+    cp = plane(model_info, {"p1": "BOTH", "p2": "BOTH"}, now)
+    admit_all(cp, job("j-loss", "acme", 6, 3600, now), now)
+    sent = [s for s in cp.tick(now + 0.1) if s.topic.startswith("prefill.")]
+    on_p1 = {s.record["request_id"] for s in sent if s.topic == "prefill.p1"}
+    assert on_p1, "the router should use both pools"
+    t = now + 30  # p1 went silent; p2 keeps beating
+    cp.pools.on_record(heartbeat("p2", "BOTH", t))
+    redo = [s for s in cp.tick(t) + cp.tick(t + 0.5) if s.topic.startswith("prefill.")]
+    assert {s.record["request_id"] for s in redo} >= on_p1
+    assert all(s.topic == "prefill.p2" for s in redo), "nothing goes to the dead pool"
+    assert cp.reports.redispatched == len(on_p1)
