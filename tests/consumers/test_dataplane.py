@@ -203,3 +203,39 @@ def test_telemetry_of_every_batch_is_in_clickhouse(pools, sinks, colocated_run, 
     decode = [r for r in produced.values() if r["phase"] == "DECODE"]
     print(f"\n[figures] telemetry: {len(produced)} batches in ClickHouse; prefill micro-batch sizes {dict(sorted(sizes.items()))}; "
           f"decode windows {len(decode)}, mean batch {sum(r['batch_size'] for r in decode) / max(1, len(decode)):.1f}")
+
+
+def test_decode_workers_split_partitions_and_a_joining_worker_rebalances(pools, sinks, colocated_run, bootstrap, tmp_path) -> None:
+    job_id = f"scale-{uuid.uuid4().hex[:8]}"
+    decode_pool = f"scale-{uuid.uuid4().hex[:6]}"
+    provision.provision(bootstrap, list(topics.pool_topics(decode_pool)))
+    args = ("--max-decode-batch", "2")  # small batches: work waits in Kafka for the joining worker
+    prefill = start_worker(pools["prefill"], "prefill", log_dir=tmp_path)
+    decoders = [start_worker(decode_pool, "decode", *args, "--worker-id", f"{decode_pool}-{i}", log_dir=tmp_path) for i in range(2)]
+    try:
+        started = time.time()
+        produce(bootstrap, f"prefill.{pools['prefill']}", [
+            (f"{job_id}/r{i:04d}", "prefill_work",
+             prefill_work(job_id, i, p, pools["prefill"], MAX_TOKENS, decode_pool=decode_pool, colocated=False))
+            for i, p in enumerate(prompts(N_REQUESTS))
+        ])
+        _wait_for(job_id, 8, 300, [prefill, *decoders, *sinks])
+        joined_at = time.time()
+        decoders.append(start_worker(decode_pool, "decode", *args, "--worker-id", f"{decode_pool}-2", log_dir=tmp_path))
+        _wait_for(job_id, N_REQUESTS, 300, [prefill, *decoders, *sinks])
+        time.sleep(3)
+        lines = _lines(job_id)
+    finally:
+        for proc in [prefill, *decoders]:
+            assert stop(proc) == 0
+    per_id = Counter(ln["custom_id"] for ln in lines)
+    assert len(per_id) == N_REQUESTS and max(per_id.values()) == 1
+    assert _tokens(lines) == colocated_run
+    decode_batches = [r for r in read_all(bootstrap, "telemetry.phase", "phase_telemetry")
+                      if r["pool"] == decode_pool and r["phase"] == "DECODE"]
+    before = {r["worker_id"] for r in decode_batches if r["at"] / 1000 < joined_at}
+    after = {r["worker_id"] for r in decode_batches if r["at"] / 1000 >= joined_at}
+    print(f"\n[figures] scaling: workers decoding before the join {sorted(before)}, after {sorted(after)}; "
+          f"{N_REQUESTS} results exactly once in {time.time() - started:.0f} s")
+    assert len(before) == 2, "two workers of one pool must split its partitions"
+    assert f"{decode_pool}-2" in after, "the joining worker must receive partitions after the rebalance"
