@@ -75,6 +75,7 @@ class WorkerLoop:
         self.offsets = OffsetTracker()
         self.assignment: set[tuple[str, int]] = set()
         self._stop = threading.Event()
+        self._paused: set[tuple[str, int]] = set()  # partitions paused while the handler is full
         self._on_tick = on_tick
         self.stats = {"items": 0, "dead_letters": 0, "steps": 0, "commits": 0}
 
@@ -118,7 +119,12 @@ class WorkerLoop:
     def _take_work(self) -> None:
         room = self.handler.capacity()
         if room <= 0:
+            # full: stop fetching but keep polling, so rebalances (a worker joining or leaving)
+            # are served now rather than after max.poll.interval.ms
+            self._set_paused(True)
+            self.consumer.consume(1, 0)
             return
+        self._set_paused(False)
         busy = self.handler.in_flight() > 0
         messages = self.consumer.consume(min(room, self.config.max_poll), 0 if busy else self.config.poll_timeout_s)
         items, refused = [], []
@@ -190,21 +196,38 @@ class WorkerLoop:
         self.stats["commits"] += 1
 
     # -- rebalance ------------------------------------------------------------------
+    def _set_paused(self, paused: bool) -> None:
+        """Pause fetching from every assigned partition (newly assigned ones included), or resume."""
+        if paused:
+            todo = self.assignment - self._paused
+            if todo:
+                self.consumer.pause([TopicPartition(t, p) for t, p in todo])
+                self._paused |= todo
+        elif self._paused:
+            held = self._paused & self.assignment
+            if held:
+                self.consumer.resume([TopicPartition(t, p) for t, p in held])
+            self._paused = set()
+
     def _on_assign(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
+        log.info("%s assigned %s", self.config.client_id, sorted(f"{p.topic}[{p.partition}]" for p in partitions))
         self.assignment |= {(p.topic, p.partition) for p in partitions}
 
     def _on_revoke(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
         revoked = [(p.topic, p.partition) for p in partitions]
+        log.info("%s revoked %s", self.config.client_id, sorted(f"{t}[{p}]" for t, p in revoked))
         self._commit()
         self.handler.drop(revoked)
         self.offsets.forget(revoked)
         self.assignment -= set(revoked)
+        self._paused -= set(revoked)
 
     def _on_lost(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
         lost = [(p.topic, p.partition) for p in partitions]
         self.handler.drop(lost)
         self.offsets.forget(lost)
         self.assignment -= set(lost)
+        self._paused -= set(lost)
 
     # -- numbers for heartbeats ------------------------------------------------------
     def consumer_lag(self) -> int:
