@@ -60,7 +60,7 @@ def sim(
     ctx: typer.Context,
     workload: str = typer.Option(None, "--workload", "-w", help=WORKLOAD_HELP),
     fleet: str = typer.Option(None, "--fleet", "-f", help=FLEET_HELP),
-    policy: str = typer.Option("all", "--policy", "-p", help="all, or a comma list of phaseroute, static-spec, rr, jsq, split."),
+    policy: str = typer.Option("all", "--policy", "-p", help="all, or a comma list of phaseroute, static-spec, rr, jsq, split (and phaseroute-maxkv, a sensitivity variant)."),
     load: float = typer.Option(None, "--load", help="Offered load as a fraction of the fleet's fluid capacity (overrides the spec)."),
     seed: int = typer.Option(None, "--seed", help="Seed of the workload draws and the simulation (default: the spec's)."),
     max_requests: int = typer.Option(None, "--max-requests", help="Keep only the first N requests."),
@@ -92,7 +92,7 @@ def report(
     out: str = typer.Option("sim-report", "--out", "-o", help="Folder for report.md, results.json and the PNGs."),
     loads: str = typer.Option("0.3,0.5,0.7,0.9,1.1", "--loads", help="Offered loads of the sweep."),
     policy: str = typer.Option("all", "--policy", "-p"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(None, "--seed", help="Seed (default: the workload spec's)."),
     max_requests: int = typer.Option(None, "--max-requests"),
     scenarios: bool = typer.Option(True, "--scenarios/--no-scenarios", help="Also run the stale-profile and pool-loss scenarios."),
 ) -> None:
@@ -119,7 +119,7 @@ def scenario(
     factor: float = typer.Option(4.0, "--factor", help="Slowdown factor (stale)."),
     policy: str = typer.Option("phaseroute,static-spec,jsq", "--policy", "-p"),
     load: float = typer.Option(None, "--load"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(None, "--seed", help="Seed (default: the workload spec's)."),
     max_requests: int = typer.Option(None, "--max-requests"),
 ) -> None:
     """Stale-profile or pool-loss scenario; prints JSON."""
@@ -131,7 +131,7 @@ def scenario(
         _fail(f"scenario must be 'stale' or 'loss', got {kind!r}")
     try:
         w, f, _ = prepare(workload, fleet, load, seed, max_requests)
-        cfg = SimConfig(seed=seed, sample_s=10.0)
+        cfg = SimConfig(seed=seed or 0, sample_s=10.0)
         names = parse_policies(policy)
         doc = (stale_profile(w, f, names, pool, at_s, factor, cfg) if kind == "stale"
                else pool_loss(w, f, names, pool, at_s, cfg))

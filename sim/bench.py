@@ -1,0 +1,93 @@
+"""``phaseroute sim bench``: how fast the simulator runs, and what the policy calls cost.
+
+Runs each requested policy on the benchmark workload and fleet (by default one million
+requests on 1,000 accelerators) and prints wall time, events per second and requests per
+second. For the phaseroute drivers, every policy entry point the driver calls is wrapped
+with a timer (on the ``phaseroute.streams.policy`` module, for this process only), so the
+output says how much of the wall time each policy call takes and which one dominates.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+from phaseroute.streams import policy as P
+from phaseroute.sim.engine import SimConfig, Simulator
+from phaseroute.sim.runner import make_driver, prepare
+
+TIMED = ("route", "admit", "build_profile_rows", "build_link_profiles", "effective_profile", "next_step",
+         "redispatch_lost", "fleet_tokens_per_s")
+TIMED_METHODS = (("FairScheduler", "schedule"), ("FairScheduler", "enqueue"), ("FairScheduler", "on_finished"),
+                 ("RouterState", "record"), ("RouterState", "refresh"), ("PoolState", "__init__"))
+
+
+@contextmanager
+def timed_policy():
+    """Wrap the policy's entry points with timers; yields {name: [calls, seconds]}."""
+    stats: dict[str, list] = {}
+    undo = []
+
+    def wrap(owner, attr, label):
+        fn = getattr(owner, attr)
+        acc = stats.setdefault(label, [0, 0.0])
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                acc[0] += 1
+                acc[1] += time.perf_counter() - t0
+
+        setattr(owner, attr, timed)
+        undo.append((owner, attr, fn))
+
+    import phaseroute.streams.policy.filters as filt_mod
+    for name in TIMED:
+        if name == "effective_profile":
+            if hasattr(filt_mod, name):      # the router's own lookup, timed where route calls it
+                wrap(filt_mod, name, "effective_profile (inside route)")
+        elif hasattr(P, name):
+            wrap(P, name, name)
+    for cls, meth in TIMED_METHODS:
+        if hasattr(getattr(P, cls, None), meth):
+            wrap(getattr(P, cls), meth, f"{cls}.{meth}")
+    try:
+        yield stats
+    finally:
+        for owner, attr, fn in reversed(undo):
+            setattr(owner, attr, fn)
+
+
+def run_bench(workload="bench-1m", fleet="bench-1000", policies=("jsq", "phaseroute"), max_requests=None,
+              seed=0, log=print) -> dict:
+    t0 = time.perf_counter()
+    w, f, info = prepare(workload, fleet, None, seed, max_requests)
+    build_s = time.perf_counter() - t0
+    doc = {"requests": w.n_requests, "jobs": w.n_jobs, "accelerators": f.accelerators, "pools": len(f.pools),
+           "instances": sum(p.instances for p in f.pools), "offered_load": info["offered_load"],
+           "workload_build_s": round(build_s, 2), "policies": {}}
+    log(f"{w.n_requests} requests, {w.n_jobs} jobs on {f.accelerators} accelerators ({doc['instances']} instances); "
+        f"offered load {info['offered_load']}; workload built in {build_s:.1f} s")
+    for name in policies:
+        driver = make_driver(name)
+        with timed_policy() as stats:
+            t1 = time.perf_counter()
+            sim = Simulator(w, f, driver, SimConfig(seed=seed)).run()
+            wall = time.perf_counter() - t1
+        done = sum(1 for s in sim.job_state if s == "done")
+        calls = {k: {"calls": v[0], "seconds": round(v[1], 2), "us_per_call": round(1e6 * v[1] / v[0], 1) if v[0] else None}
+                 for k, v in sorted(stats.items(), key=lambda kv: -kv[1][1]) if v[0]}
+        row = {"wall_s": round(wall, 1), "events": sim.counters["events"],
+               "events_per_s": round(sim.counters["events"] / wall), "requests_per_s": round(w.n_requests / wall),
+               "jobs_done": done, "simulated_s": round(sim.now, 1), "policy_calls": calls}
+        if calls:
+            top = next(iter(calls))
+            row["dominant_policy_call"] = top
+            row["policy_share_of_wall"] = round(sum(v["seconds"] for k, v in calls.items()
+                                                     if not k.startswith("effective_profile")) / wall, 3)
+        doc["policies"][name] = row
+        log(f"{name}: {wall:.1f} s wall, {row['events_per_s']} events/s, {row['requests_per_s']} requests/s"
+            + (f"; dominant policy call {row['dominant_policy_call']}" if calls else ""))
+    return doc

@@ -1,0 +1,166 @@
+"""``phaseroute sim report``: a load sweep, the two scenarios, plots and a Markdown summary.
+
+Writes into ``out_dir``: results.json (every document), goodput_vs_load.png,
+miss_rate_vs_load.png, pool_utilization.png (each policy's pools over time at the reference
+load), tenant_share.png (share under contention vs weight), stale_profile.png (share of the
+slowed pool over time) and report.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from phaseroute.sim.engine import SimConfig  # noqa: E402
+from phaseroute.sim.runner import prepare, run_all  # noqa: E402
+from phaseroute.sim.scenarios import pool_loss, stale_profile  # noqa: E402
+
+
+def _plot_sweep(sweep: list[dict], key: str, ylabel: str, path: Path, with_bound: bool) -> None:
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    loads = [d["offered_load"] for d in sweep]
+    for name in sweep[0]["policies"]:
+        ax.plot(loads, [d["policies"][name][key] for d in sweep], marker="o", label=name)
+    if with_bound:
+        ax.plot(loads, [d["bound"]["goodput_tok_s"] for d in sweep], "k--", label="LP bound")
+    ax.set_xlabel("offered load (fraction of fluid capacity)")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_util(doc: dict, path: Path) -> None:
+    names = list(doc["policies"])
+    fig, axes = plt.subplots(len(names), 1, figsize=(7, 1.9 * len(names)), sharex=True, squeeze=False)
+    for ax, name in zip(axes[:, 0], names):
+        series = doc["policies"][name]["series"]
+        t = [r["t"] / 60 for r in series]
+        for pool in series[0]["pools"]:
+            ax.plot(t, [r["pools"][pool]["util"] for r in series], label=pool)
+        ax.set_title(name, fontsize=9)
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("util")
+        ax.legend(fontsize=7, loc="upper right")
+    axes[-1, 0].set_xlabel("minutes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_tenants(doc: dict, path: Path) -> None:
+    names = list(doc["policies"])
+    tenants = list(next(iter(doc["policies"].values()))["tenants"])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / (len(names) + 1)
+    for k, tenant in enumerate(tenants):
+        first = next(iter(doc["policies"].values()))["tenants"][tenant]
+        w = first.get("fair_share_when_contended") or first["weight_share"]
+        ax.bar(k, w, width, color="k", alpha=0.3, label="weighted fair share" if k == 0 else None)
+        for i, name in enumerate(names):
+            v = doc["policies"][name]["tenants"][tenant]["contended_share"] or 0.0
+            ax.bar(k + (i + 1) * width, v, width, label=name if k == 0 else None, color=f"C{i}")
+    ax.set_xticks([k + 0.4 for k in range(len(tenants))], tenants)
+    ax.set_ylabel("share of tokens released while backlogged")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_stale(doc: dict, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, p in doc["policies"].items():
+        pts = [(t, s) for t, s in p["share_series"] if s is not None]
+        ax.plot([(t - doc["at_s"]) / 60 for t, _ in pts], [s for _, s in pts], label=name)
+    ax.axvline(0, color="k", lw=0.8)
+    ax.axhline(doc["capacity_share_after"], color="k", ls=":", label="capacity share after")
+    ax.set_xlabel(f"minutes after pool {doc['pool']} slowed {doc['factor']}x")
+    ax.set_ylabel(f"share of placed work on {doc['pool']} (60 s window)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def build_report(workload, fleet, out_dir: str | Path, loads=(0.3, 0.5, 0.7, 0.9, 1.1), policies=None,
+                 seed: int | None = None, max_requests: int | None = None, reference_load: float = 0.7,
+                 scenarios: bool = True, log=print) -> dict:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = SimConfig(seed=seed or 0)
+    sweep = []
+    for load in loads:
+        w, f, info = prepare(workload, fleet, load, seed, max_requests)
+        log(f"load {load}: {w.n_requests} requests, {w.n_jobs} jobs")
+        sweep.append(run_all(w, f, policies, cfg, series=abs(load - reference_load) < 1e-9, info=info))
+    results = {"sweep": sweep}
+    ref = next((d for d in sweep if abs(d.get("target_load", -1) - reference_load) < 1e-9), None)
+    _plot_sweep(sweep, "goodput_tok_s", "deadline-met goodput (tokens/s)", out / "goodput_vs_load.png", True)
+    _plot_sweep(sweep, "miss_rate", "job deadline-miss rate", out / "miss_rate_vs_load.png", False)
+    if ref is None:
+        w, f, info = prepare(workload, fleet, reference_load, seed, max_requests)
+        ref = run_all(w, f, policies, cfg, series=True, info=info)
+        results["reference"] = ref
+    _plot_util(ref, out / "pool_utilization.png")
+    _plot_tenants(ref, out / "tenant_share.png")
+    if scenarios:
+        w, f, _ = prepare(workload, fleet, reference_load, seed, max_requests)
+        names = policies or ["phaseroute", "static-spec", "jsq"]
+        log("stale-profile scenario")
+        results["stale_profile"] = stale_profile(w, f, names, config=SimConfig(seed=seed or 0, sample_s=10.0))
+        _plot_stale(results["stale_profile"], out / "stale_profile.png")
+        log("pool-loss scenario")
+        results["pool_loss"] = pool_loss(w, f, names, config=SimConfig(seed=seed or 0, sample_s=10.0))
+    for d in sweep:
+        for m in d["policies"].values():
+            m.pop("series", None)
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    (out / "report.md").write_text(markdown(results, ref))
+    return results
+
+
+def _table(rows: list[dict], cols: list[str]) -> str:
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def markdown(results: dict, ref: dict) -> str:
+    parts = [f"# Fleet simulation: {ref['workload']['name']} on {ref['fleet']['name']}", ""]
+    parts.append(f"{ref['workload']['requests']} requests in {ref['workload']['jobs']} jobs, offered load "
+                 f"{ref.get('offered_load')}, fleet {ref['fleet']['accelerators']} accelerators at "
+                 f"${ref['fleet']['cost_per_hour']}/h.")
+    parts += ["", "## At the reference load", "", _table(ref["summary"], ["policy", "goodput_tok_s", "vs_bound", "miss_rate",
+              "cost_usd", "goodput_tokens_per_dollar", "kv_gb_moved", "wall_s"]), ""]
+    parts += ["## Load sweep", ""]
+    rows = []
+    for d in results["sweep"]:
+        row = {"load": d["offered_load"], "bound": round(d["bound"]["goodput_tok_s"], 1)}
+        row.update({n: m["goodput_tok_s"] for n, m in d["policies"].items()})
+        rows.append(row)
+    parts += [_table(rows, list(rows[0])), "", "![goodput](goodput_vs_load.png) ![miss](miss_rate_vs_load.png)", ""]
+    parts += ["![utilization](pool_utilization.png)", "", "![tenants](tenant_share.png)", ""]
+    if "stale_profile" in results:
+        s = results["stale_profile"]
+        parts += [f"## Stale profiles: pool {s['pool']} {s['factor']}x slower at t={s['at_s']} s", "",
+                  f"Capacity share of {s['pool']}: {s['capacity_share_before']} before, {s['capacity_share_after']} after.", "",
+                  _table([{"policy": n, **{k: v for k, v in p.items() if k != 'share_series'}} for n, p in s["policies"].items()],
+                         ["policy", "reaction_s", "share_before", "share_at_end", "goodput_tok_s", "goodput_vs_bound", "miss_rate"]),
+                  "", "![stale](stale_profile.png)", ""]
+    if "pool_loss" in results:
+        s = results["pool_loss"]
+        parts += [f"## Pool loss: {s['pool']} disappears at t={s['at_s']} s", "",
+                  f"Bound: {s['bound_without']['goodput_tok_s']:.1f} tokens/s without, {s['bound_with']['goodput_tok_s']:.1f} with the loss.", "",
+                  _table([{"policy": n, **p} for n, p in s["policies"].items()],
+                         ["policy", "miss_rate_without", "miss_rate_with", "miss_rate_impact", "goodput_with",
+                          "goodput_vs_bound_with", "requests_replaced", "requests_gave_up"]), ""]
+    return "\n".join(parts)

@@ -1,0 +1,115 @@
+"""One run: every policy on the same workload and fleet, plus the upper bound, as one document.
+
+``prepare`` builds the workload for a fleet (optionally at a target offered load), ``run_all``
+simulates each policy from the same seed and solves the LP bound, and returns the JSON
+document ``phaseroute sim --json`` prints.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from phaseroute.sim.bound import deadline_bound, max_throughput
+from phaseroute.sim.drivers import BASELINES
+from phaseroute.sim.engine import SimConfig, Simulator
+from phaseroute.sim.fleet import Fleet, load_fleet
+from phaseroute.sim.metrics import compact_series, compute_metrics
+from phaseroute.sim.policy_bridge import PhaserouteDriver, PhaserouteOptions
+from phaseroute.sim.workload import Workload, WorkloadSpec, build_workload, load_workload_spec
+
+POLICIES = ("phaseroute", "static-spec", "rr", "jsq", "split")
+EXTRA_POLICIES = ("phaseroute-maxkv",)   # variants run only when named
+
+
+def make_driver(name: str):
+    if name == "phaseroute":
+        return PhaserouteDriver(PhaserouteOptions())
+    if name == "phaseroute-maxkv":      # sensitivity: free KV of the largest single worker instead of the pool sum
+        return PhaserouteDriver(PhaserouteOptions(free_kv="max_worker"), name=name)
+    if name == "static-spec":
+        return PhaserouteDriver(PhaserouteOptions(profiles="datasheet"))
+    if name in BASELINES:
+        return BASELINES[name]()
+    raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)} (or 'all')")
+
+
+def parse_policies(text: str) -> list[str]:
+    names = list(POLICIES) if text == "all" else [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [n for n in names if n not in POLICIES + EXTRA_POLICIES]
+    if unknown or not names:
+        raise ValueError(f"unknown policy {', '.join(unknown) or repr(text)}; known: {', '.join(POLICIES)} (or 'all')")
+    return names
+
+
+def offered_tokens_per_s(w: Workload) -> float:
+    return float((w.req_prompt + w.req_output).sum()) / w.span_s
+
+
+def prepare(spec: WorkloadSpec | str | Path | dict, fleet: Fleet | str | Path | dict, load: float | None = None,
+            seed: int | None = None, max_requests: int | None = None) -> tuple[Workload, Fleet, dict]:
+    """The workload for this fleet. With a target ``load`` (or the spec's), the trace is
+    replicated to the whole number of copies just below the target and then compressed in time
+    for the rest, so the offered window stays about the trace's length."""
+    spec = spec if isinstance(spec, WorkloadSpec) else load_workload_spec(spec)
+    fleet = fleet if isinstance(fleet, Fleet) else load_fleet(fleet)
+    if seed is not None:
+        spec = replace(spec, seed=seed)
+    if max_requests is not None:
+        spec = replace(spec, max_requests=max_requests)
+    target = load if load is not None else spec.load
+    w = build_workload(spec)
+    capacity = max_throughput(w, fleet)
+    info = {"capacity_tok_s": round(capacity, 1)}
+    if target is not None:
+        per_copy = offered_tokens_per_s(w) / capacity / spec.replicate
+        copies = max(1, math.floor(target / per_copy)) if not spec.max_requests else spec.replicate
+        if copies != spec.replicate:
+            w = build_workload(replace(spec, replicate=copies))
+            capacity = max_throughput(w, fleet)
+        w = w.rescaled(target / (offered_tokens_per_s(w) / capacity))
+        info.update(replicate=copies, target_load=target)
+    info["offered_load"] = round(offered_tokens_per_s(w) / capacity, 4)
+    return w, fleet, info
+
+
+def run_policy(w: Workload, fleet: Fleet, name: str, config: SimConfig = SimConfig(), driver=None):
+    t0 = time.perf_counter()
+    sim = Simulator(w, fleet, driver or make_driver(name), config).run()
+    metrics = compute_metrics(sim)
+    metrics["wall_s"] = round(time.perf_counter() - t0, 2)
+    return sim, metrics
+
+
+def run_all(w: Workload, fleet: Fleet, policies: list[str] | None = None, config: SimConfig = SimConfig(),
+            bound: bool = True, intervals: int | None = None, series: bool = False, info: dict | None = None) -> dict:
+    policies = list(policies or POLICIES)
+    doc: dict = {"workload": w.summary(), "fleet": fleet.describe(), "seed": config.seed, **(info or {})}
+    doc["offered_tok_s"] = round(offered_tokens_per_s(w), 1)
+    if bound:
+        doc["bound"] = deadline_bound(w, fleet, intervals)
+    doc["policies"] = {}
+    for name in policies:
+        sim, m = run_policy(w, fleet, name, config)
+        if series:
+            m["series"] = compact_series(sim)
+        if bound and doc["bound"]["goodput_tok_s"] > 0:
+            m["goodput_vs_bound"] = round(m["goodput_tok_s"] / doc["bound"]["goodput_tok_s"], 4)
+        doc["policies"][name] = m
+    doc["summary"] = summary_table(doc)
+    return doc
+
+
+def summary_table(doc: dict) -> list[dict]:
+    """One line per policy: goodput, ratio to bound, miss rate, cost, goodput per dollar."""
+    out = []
+    if "bound" in doc:
+        out.append({"policy": "bound", "goodput_tok_s": round(doc["bound"]["goodput_tok_s"], 1)})
+    for name, m in doc["policies"].items():
+        out.append({"policy": name, "goodput_tok_s": m["goodput_tok_s"], "vs_bound": m.get("goodput_vs_bound"),
+                    "miss_rate": m["miss_rate"], "cost_usd": m["cost_usd"],
+                    "goodput_tokens_per_dollar": m["goodput_tokens_per_dollar"], "kv_gb_moved": round(m["kv_bytes_moved"] / 1e9, 2),
+                    "wall_s": m["wall_s"]})
+    return out
