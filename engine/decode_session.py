@@ -124,6 +124,8 @@ class TorchDecodeSession:
             last = self.seqs.pop()
             if moved is not None:
                 self.seqs[row] = last
+        if leaving:
+            self.slots.shrink()
         elapsed = time.perf_counter() - started
         self.stats.steps += 1
         self.stats.tokens += len(next_tokens)

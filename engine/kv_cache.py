@@ -10,8 +10,10 @@ moved into its slot (one row copied, not the cache).
 Capacity grows only when a joining sequence needs more rows or more tokens than allocated (rows
 double up to the session's ``max_batch``; tokens grow to ``max(need, 1.5 x old)`` bounded by the
 model's context), so a copy of the whole cache happens a logarithmic number of times over a
-session, never per step. Memory is a rectangle: rows x the longest (prompt + max_tokens) seen,
-so short sequences next to a long one waste slots (reported as KV bytes per live token). ``capacity_bytes`` is what the
+session, never per step. Memory is a rectangle: rows x the longest (prompt + max_tokens) among
+the running sequences, so short sequences next to a long one waste slots (reported as KV bytes
+per live token). ``shrink`` gives memory back when the batch drains (rows <= 1/4 of the capacity,
+or the longest need <= 1/2 of it), copying only the live part. ``capacity_bytes`` is what the
 admission check compares with the KV memory budget.
 
 ``StepCache`` adapts one decode step to transformers' ``Cache`` interface: ``update`` scatters the
@@ -39,7 +41,8 @@ class SlotKV:
         self.keys = torch.zeros((num_layers, 0, kv_heads, 0, head_dim), dtype=dtype, device=self.device)
         self.values = torch.zeros_like(self.keys)
         self.lengths: list[int] = []  # tokens stored per row
-        self.grow_count = 0
+        self.needs: list[int] = []  # tokens each row may reach (prompt + max_tokens)
+        self.grow_count = self.shrink_count = 0
 
     @property
     def rows(self) -> int:
@@ -87,16 +90,33 @@ class SlotKV:
         """Grow to at least ``rows`` x ``seq`` (one copy of the live part); no-op if it fits."""
         if rows <= self.row_capacity and seq <= self.seq_capacity:
             return
-        rows, seq = max(rows, self.row_capacity), max(seq, self.seq_capacity)
+        self._reallocate(max(rows, self.row_capacity), max(seq, self.seq_capacity))
+        self.grow_count += 1
+
+    def shrink(self) -> bool:
+        """Release memory the running rows cannot use any more; True if it reallocated."""
+        need = max(self.needs, default=0)
+        rows = self.row_capacity
+        if 4 * self.rows <= rows and rows > 4:
+            rows = max(4, 2 * self.rows) if self.rows else 0
+        seq = self.seq_capacity
+        if 2 * _align(need) <= seq:
+            seq = _align(need)
+        if (rows, seq) == (self.row_capacity, self.seq_capacity):
+            return False
+        self._reallocate(rows, seq)
+        self.shrink_count += 1
+        return True
+
+    def _reallocate(self, rows: int, seq: int) -> None:
         shape = (self.num_layers, rows, self.kv_heads, seq, self.head_dim)
         keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
         values = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        n, s = self.rows, self.seq_capacity
+        n, s = self.rows, min(seq, self.seq_capacity)
         if n:
-            keys[:, :n, :, :s].copy_(self.keys[:, :n])
-            values[:, :n, :, :s].copy_(self.values[:, :n])
+            keys[:, :n, :, :s].copy_(self.keys[:, :n, :, :s])
+            values[:, :n, :, :s].copy_(self.values[:, :n, :, :s])
         self.keys, self.values = keys, values
-        self.grow_count += 1
 
     def append(self, layer_keys: list[torch.Tensor], layer_values: list[torch.Tensor], length: int, seq_needed: int) -> int:
         """Copy one sequence's prompt KV (per layer ``[kv_heads, length, head_dim]``) into a new row."""
@@ -105,9 +125,10 @@ class SlotKV:
         self.reserve(*self.planned_capacity(1, seq_needed))
         row = self.rows
         for layer, (k, v) in enumerate(zip(layer_keys, layer_values)):
-            self.keys[layer, row, :, :length].copy_(k, non_blocking=True)
-            self.values[layer, row, :, :length].copy_(v, non_blocking=True)
+            self.keys[layer, row, :, :length].copy_(k)
+            self.values[layer, row, :, :length].copy_(v)
         self.lengths.append(length)
+        self.needs.append(seq_needed)
         return row
 
     def remove(self, row: int) -> int | None:
@@ -118,9 +139,10 @@ class SlotKV:
             n = self.lengths[last]
             self.keys[:, row, :, :n].copy_(self.keys[:, last, :, :n])
             self.values[:, row, :, :n].copy_(self.values[:, last, :, :n])
-            self.lengths[row] = n
+            self.lengths[row], self.needs[row] = n, self.needs[last]
             moved = last
         self.lengths.pop()
+        self.needs.pop()
         return moved
 
     def step_cache(self) -> StepCache:

@@ -11,6 +11,7 @@ codec's checksum catches everything else. ``open_store(url)`` picks the backend:
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 from pathlib import Path
@@ -29,7 +30,7 @@ class KVStore(Protocol):
     url: str
 
     def put(self, key: str, blob: Blob) -> str: ...
-    def get(self, location: str) -> bytes: ...
+    def get(self, location: str) -> bytes | mmap.mmap: ...  # bytes-like, read-only
     def delete(self, location: str) -> None: ...
     def exists(self, location: str) -> bool: ...
 
@@ -58,10 +59,14 @@ class DirKVStore:
         os.replace(tmp, path)
         return f"file://{path}"
 
-    def get(self, location: str) -> bytes:
+    def get(self, location: str) -> bytes | mmap.mmap:
+        """The blob, memory-mapped read-only (no copy; pages pre-faulted). Writers never truncate a
+        blob in place (temp file + rename), so the mapping stays valid even if the key is replaced."""
         try:
             with open(self._path(location), "rb") as f:
-                return f.read()
+                if os.fstat(f.fileno()).st_size == 0:
+                    return b""
+                return mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
         except FileNotFoundError:
             raise KVNotFoundError(f"no KV blob at {location!r}") from None
 

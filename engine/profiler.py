@@ -128,11 +128,21 @@ def _tokens(ex: Any, n: int, offset: int = 0) -> list[int]:
 
 
 def write_rows(rows: list[dict[str, Any]], settings: Any = None) -> int:
-    """Create the table if needed and insert ``rows`` as one Arrow batch; returns the row count."""
+    """Create ``engine_profile`` if needed and insert ``rows`` as one Arrow batch; returns the row count."""
     from phaseroute.config import settings as default_settings
-    from phaseroute.infra.clickhouse import apply_ddl, connect, insert_rows
+    from phaseroute.infra.clickhouse import connect, insert_rows
 
     settings = settings or default_settings()
     client = connect(settings)
-    apply_ddl(client, settings.clickhouse_database)
+    for statement in profile_ddl(settings.clickhouse_database):
+        client.command(statement)
     return insert_rows(client, f"{settings.clickhouse_database}.{TABLE}", rows, COLUMNS)
+
+
+def profile_ddl(database: str) -> list[str]:
+    """The statements of ``infra/sql/profiler.sql`` (only this table: no dependency on other DDL files)."""
+    from importlib import resources
+
+    text = (resources.files("phaseroute.infra") / "sql" / "profiler.sql").read_text()
+    text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+    return [s.strip().replace("{db}", database) for s in text.split(";") if s.strip()]

@@ -157,3 +157,18 @@ def test_variants_differ_in_quality_on_real_model(smol: Any) -> None:
     assert ref.shape == (16, 50)
     assert all(d > 0 for d in drift.values()), drift
     assert drift["int8-dynamic"] > drift["int8-weight"], drift  # dynamic int8 is the lossy tier
+
+
+def test_bench_smoke_reports_every_figure(tmp_path: Path) -> None:
+    """A tiny run of `phaseroute bench engine` (the real bench is a command, not a timed test)."""
+    from phaseroute.engine.bench import BenchConfig, run_bench
+
+    config = BenchConfig(n_prompts=8, lengths=(48, 64), max_tokens=(3, 5), prefill_batch=4, handoff_min_tokens=48, store_url=str(tmp_path))
+    report = run_bench(config)
+    for key in ("decode_tokens_per_s_continuous", "decode_tokens_per_s_generate_baseline", "decode_speedup_vs_generate",
+                "prefill_tokens_per_s", "kv_handoff_pct_of_prefill", "kv_blob_bytes_per_token", "peak_rss_bytes"):
+        assert report[key] > 0, key
+    assert report["kv_bytes_per_token_formula"] == 46080
+    assert 0 < report["kv_blob_overhead_bytes"] < 512
+    assert report["greedy_sequences_identical_to_baseline"].endswith("/8")
+    assert not list(tmp_path.rglob("*.kv"))  # the bench cleans its blobs up

@@ -19,6 +19,7 @@ app.command("profile")(profile)
 app.add_typer(bench_app, name="bench")
 result = CliRunner().invoke(app, sys.argv[1:])
 print(result.output)
+if result.exception and not isinstance(result.exception, SystemExit): import traceback; traceback.print_exception(result.exception)
 assert result.exit_code == 0, result.output
 from phaseroute.config import load_settings
 from phaseroute.infra.clickhouse import connect

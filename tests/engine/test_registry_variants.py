@@ -87,3 +87,20 @@ def test_slot_cache_grows_rarely_and_moves_last_row_on_remove() -> None:
     assert torch.all(slots.keys[:, 2, :, :14] == 9.0)
     assert slots.remove(8) is None and slots.rows == 8
     assert slots.capacity_bytes() == slots.row_capacity * slots.seq_capacity * 2 * 2 * 1 * 4 * 4
+
+
+def test_slot_cache_shrinks_when_the_batch_drains_and_keeps_live_rows() -> None:
+    slots = SlotKV(1, 1, 2, torch.float32, "cpu", max_seq=4096, max_rows=64)
+    for i in range(16):
+        kv = [torch.full((1, 10, 2), float(i))]
+        slots.append(kv, kv, 10, 1000 if i == 0 else 40)
+    assert slots.row_capacity == 16 and slots.seq_capacity == 1024
+    assert not slots.shrink()  # still full
+    for row in range(15, 2, -1):
+        slots.remove(row)
+    assert slots.shrink() and slots.row_capacity == 6 and slots.seq_capacity == 1024  # row 0 still needs 1000
+    slots.remove(0)  # row 2 (needs 40) moves into row 0
+    assert slots.shrink() and slots.seq_capacity == 64 and slots.rows == 2
+    assert torch.all(slots.keys[0, 0, :, :10] == 2.0) and torch.all(slots.keys[0, 1, :, :10] == 1.0)
+    slots.remove(1), slots.remove(0)
+    assert slots.shrink() and slots.capacity_bytes() == 0
