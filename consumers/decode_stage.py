@@ -6,7 +6,9 @@ checks the checksum the prefill worker announced, and decodes it (``KVIntegrityE
 corruption: the attempt fails, retryably, and nothing is decoded). A colocated worker hands
 its prefill KV over directly, with no store in between. The sequence waits until the session
 has a free row and KV memory, joins, and leaves at EOS or ``max_tokens``; each ``step`` is
-one forward pass over every running sequence.
+one forward pass over every running sequence. A FORCED drift canary joins with its
+``TokenProbe`` and the position-0 trace its prefill produced (``canary_trace`` on the work),
+and leaves with the trace of every position (``trace_to_avro``).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phaseroute.consumers.handler import Output, WorkItem
+from phaseroute.consumers.prefill_stage import probe_of
 from phaseroute.consumers.telemetry_records import BatchCounter, DecodeWindow, WorkerTag, telemetry_output
 from phaseroute.engine import kv_codec
 from phaseroute.engine.errors import KVIntegrityError, KVNotFoundError
-from phaseroute.engine.protocol import DecodeRequest, FinishedSequence, KVCache
+from phaseroute.engine.protocol import DecodeRequest, FinishedSequence, KVCache, PositionTrace
 
 WINDOW_STEPS = 16  # decode steps summarized by one telemetry record
 
@@ -27,6 +30,19 @@ WINDOW_STEPS = 16  # decode steps summarized by one telemetry record
 def blob_checksum(blob: bytes) -> str:
     """The checksum announced in kv.ready / decode_work: the blob's trailing CRC-32."""
     return "crc32:" + blob[-4:].hex()
+
+
+def trace_to_avro(trace: list[PositionTrace]) -> dict[str, Any]:
+    """A ``CanaryTrace`` record: per position the model's top-1 and the probed log-probs (flattened)."""
+    return {"argmax_ids": [t.argmax_id for t in trace], "probe_logprobs": [v for t in trace for v in t.probe_logprobs]}
+
+
+def first_trace_of(record: dict[str, Any]) -> PositionTrace | None:
+    """Position 0's trace, which the prefill pool put on a FORCED canary's ``decode_work``."""
+    trace = record.get("canary_trace")
+    if not trace or not trace["argmax_ids"]:
+        return None
+    return PositionTrace(trace["argmax_ids"][0], 0.0, tuple(trace["probe_logprobs"]))
 
 
 @dataclass
@@ -67,6 +83,8 @@ class DecodeStage:
             )
         kv = kv_codec.decode(blob)
         self.executor.check_admission(kv.meta.prompt_len, record["max_tokens"], record["request_id"])
+        if record.get("canary") is not None:  # drift canaries are never retried: keep no blobs of them
+            self.store.delete(record["kv_location"])
         self.pending_telemetry.append(telemetry_output(
             self.tag, self.batches.next_id(), "TRANSFER", batch_size=1, tokens_in=kv.meta.prompt_len,
             kv_bytes=len(blob), kv_transfer_s=fetched, exec_time_s=fetched, step_latency_s=fetched,
@@ -74,12 +92,17 @@ class DecodeStage:
         ))
         context = {"kv_transfer_s": fetched, "kv_bytes": len(blob), "prefill_pool": record["source_pool"],
                    "prefill_time_s": record.get("prefill_time_s", 0.0), "colocated": False}
-        return Joining(item, DecodeRequest(record["request_id"], kv, record["first_token"], record["max_tokens"]), context)
+        request = DecodeRequest(record["request_id"], kv, record["first_token"], record["max_tokens"],
+                                probe=probe_of(record), first_trace=first_trace_of(record))
+        return Joining(item, request, context)
 
-    def local(self, item: WorkItem, kv: KVCache, first_token: int, context: dict[str, Any]) -> Joining:
+    def local(self, item: WorkItem, kv: KVCache, first_token: int, context: dict[str, Any],
+              first_trace: PositionTrace | None = None) -> Joining:
         """A colocated sequence: the KV never leaves the process."""
         record = item.record
-        return Joining(item, DecodeRequest(record["request_id"], kv, first_token, record["max_tokens"]), context)
+        request = DecodeRequest(record["request_id"], kv, first_token, record["max_tokens"], probe=probe_of(record),
+                                first_trace=first_trace)
+        return Joining(item, request, context)
 
     def enqueue(self, joining: Joining) -> None:
         self.joining.append(joining)
@@ -102,7 +125,7 @@ class DecodeStage:
             self.joining.pop(0)
             self.session.add(nxt.request)
             self.running[nxt.request.request_id] = nxt
-        batch = self.session.running()
+        batch = self.session.rows()  # the batch size of this step
         prompt_lens = [j.request.kv.meta.prompt_len for j in self.running.values()]
         started = time.time()
         finished = self.session.step()

@@ -13,28 +13,75 @@ Life of a request through a worker of pool P:
   elsewhere; impossible work (prompt beyond the context, a model the pool lacks) goes to the
   dead-letter topic with the engine's reason, and the worker keeps running.
 Every output carries a deterministic key and attempt id, so a replay overwrites, never adds.
+Drift canaries (``canary`` set, tenant ``_canary``) take exactly this path; their ``canary``
+field and trace ride along on ``decode_work`` and ``result``, and their results go to
+``canary.results`` (the drift monitor) instead of ``results``. ``KVBitflips`` is fault
+injection for tests and drills: it corrupts the blobs this worker hands over (CRC recomputed,
+so every integrity check passes) and the damage can only show up as drift.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
+import logging
+import random
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from phaseroute.consumers.decode_stage import DecodeStage, Joining, blob_checksum
+from phaseroute.consumers.decode_stage import DecodeStage, Joining, blob_checksum, trace_to_avro
 from phaseroute.consumers.handler import Completion, Output, WorkItem
 from phaseroute.consumers.prefill_stage import MicroBatchLimits, PrefillStage
 from phaseroute.consumers.telemetry_records import BatchCounter, WorkerTag
 from phaseroute.engine import kv_codec
 from phaseroute.engine.errors import EngineError, KVIntegrityError, KVNotFoundError
-from phaseroute.engine.protocol import FinishedSequence, PrefillResult
+from phaseroute.engine.protocol import FinishedSequence, KVCache, PrefillResult
 from phaseroute.streams.policy.lifecycle import attempt_id
 from phaseroute.streams.policy.types import Phase
 
+log = logging.getLogger(__name__)
 KV_READY_TOPIC = "kv.ready"
 RESULTS_TOPIC = "results"
+CANARY_RESULTS_TOPIC = "canary.results"  # drift canaries' results go to the drift monitor, not to the result sink
 ATTEMPT_FAILED_TOPIC = "attempts.failed"
+
+
+@dataclass(frozen=True)
+class KVBitflips:
+    """Fault injection: flip each bit of a handed-over prompt KV with probability ``rate`` (for
+    ``to_pool`` only, or every decode pool) before it is encoded, so the codec frames and
+    checksums the damaged values and every integrity check passes. Deterministic per attempt
+    id and ``seed``."""
+
+    rate: float
+    to_pool: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.rate <= 1.0:
+            raise ValueError(f"KV bit-flip rate {self.rate!r} must be in [0, 1]")
+
+    def applies(self, decode_pool: str | None) -> bool:
+        return self.rate > 0 and (self.to_pool is None or self.to_pool == decode_pool)
+
+    def corrupt(self, kv: KVCache, attempt: str) -> tuple[KVCache, int]:
+        """A damaged copy of ``kv`` (the original is untouched) and the number of bits flipped."""
+        import torch
+
+        tensors = [t.detach().to("cpu").contiguous().clone() for t in (*kv.keys, *kv.values)]
+        raw = [t.reshape(-1).view(torch.uint8).numpy() for t in tensors]  # views: flipping them flips the tensors
+        sizes = [r.size * 8 for r in raw]
+        bits, rng = sum(sizes), random.Random(f"{self.seed}/{attempt}")
+        flips = max(0, min(bits, round(bits * self.rate + rng.gauss(0.0, (bits * self.rate) ** 0.5))))
+        starts = list(itertools.accumulate(sizes, initial=0))
+        for bit in rng.sample(range(bits), flips):
+            i = bisect.bisect_right(starts, bit) - 1
+            offset = bit - starts[i]
+            raw[i][offset >> 3] ^= 1 << (offset & 7)
+        n = kv.meta.num_layers
+        return KVCache(tensors[:n], tensors[n:], kv.meta), flips
 
 
 @dataclass(frozen=True)
@@ -46,6 +93,7 @@ class WorkerSpec:
     decode: bool
     limits: MicroBatchLimits = MicroBatchLimits()
     max_decode_batch: int = 32
+    kv_bitflips: KVBitflips | None = None  # fault injection (tests, drills): corrupt handed-over KV
 
 
 def _ms(seconds: float) -> int:
@@ -136,7 +184,7 @@ class PhaseHandler:
         context = {"prefill_pool": self.spec.pool, "prefill_time_s": result.timings.compute_s,
                    "kv_transfer_s": 0.0, "kv_bytes": 0, "colocated": True}
         if record.get("colocated") and self.decode is not None:
-            self.decode.enqueue(self.decode.local(item, result.kv, result.first_token, context))
+            self.decode.enqueue(self.decode.local(item, result.kv, result.first_token, context, result.first_trace))
             return None  # completes when its decode finishes
         if not record.get("decode_pool") and record.get("colocated"):
             return Completion(item, dead_letter_reason=(
@@ -147,7 +195,11 @@ class PhaseHandler:
     def _hand_over(self, item: WorkItem, result: PrefillResult) -> list[Output]:
         """Store the KV blob; announce it (kv.ready) and, if chosen, send the decode work."""
         record = item.record
-        parts = kv_codec.encode_parts(result.kv)
+        kv, fault = result.kv, self.spec.kv_bitflips
+        if fault is not None and fault.applies(record.get("decode_pool")):
+            kv, flipped = fault.corrupt(kv, record["attempt_id"])
+            log.warning("fault injection: %d KV bits flipped for %s -> %s", flipped, record["attempt_id"], record.get("decode_pool"))
+        parts = kv_codec.encode_parts(kv)
         started = time.time()
         key = "kv/" + hashlib.sha256(record["attempt_id"].encode()).hexdigest()[:40]
         location = self.store.put(key, parts)
@@ -171,6 +223,9 @@ class PhaseHandler:
                     "kv_checksum": checksum, "kv_layout_version": result.kv.meta.layout_version,
                     "prompt_tokens": result.prompt_len, "first_token": result.first_token,
                     "prefill_time_s": result.timings.compute_s, "dispatched_at": _ms(now)}
+            if record.get("canary") is not None:
+                work["canary"] = record["canary"]
+                work["canary_trace"] = trace_to_avro([result.first_trace]) if result.first_trace is not None else None
             outputs.append(Output(f"decode.{record['decode_pool']}", record["request_id"], "decode_work", work))
         return outputs
 
@@ -186,9 +241,11 @@ class PhaseHandler:
             "prefill_pool": ctx["prefill_pool"], "decode_pool": self.spec.pool, "colocated": ctx["colocated"],
             "prefill_time_s": ctx["prefill_time_s"], "decode_time_s": seq.decode_s,
             "kv_transfer_s": ctx["kv_transfer_s"], "kv_bytes": ctx["kv_bytes"], "error": None,
-            "completed_at": _ms(time.time()),
+            "completed_at": _ms(time.time()), "canary": record.get("canary"),
+            "canary_trace": trace_to_avro(seq.trace) if seq.trace is not None else None,
         }
-        return Output(RESULTS_TOPIC, record["job_id"], "result", result)
+        topic = CANARY_RESULTS_TOPIC if record.get("canary") is not None else RESULTS_TOPIC
+        return Output(topic, record["job_id"], "result", result)
 
     def _attempt_failed(self, item: WorkItem, phase: Phase, exc: Exception, retryable: bool) -> Output:
         record = item.record
@@ -201,4 +258,4 @@ class PhaseHandler:
         return Output(ATTEMPT_FAILED_TOPIC, record["job_id"], "attempt_failed", failed)
 
 
-__all__ = ["PhaseHandler", "WorkerSpec", "blob_checksum"]
+__all__ = ["KVBitflips", "PhaseHandler", "WorkerSpec", "blob_checksum"]

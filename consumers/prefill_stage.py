@@ -6,7 +6,8 @@ the memory budget); an impossible item is refused with the engine's reason (it g
 dead-letter topic). Accepted items wait in the micro-batch until it holds ``max_batch``
 items or ``max_batch_tokens`` prompt tokens, or the first has waited ``max_wait_s``; ``run``
 then prefills them together (one batch = one telemetry record) and returns each item's
-KV, first token and timings to the worker.
+KV, first token and timings to the worker. A FORCED drift canary (``canary`` set) carries a
+``TokenProbe``: its first token is forced and position 0 is traced (``probe_of``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,17 @@ from typing import Any
 from phaseroute.consumers.handler import Completion, Output, WorkItem
 from phaseroute.consumers.telemetry_records import BatchCounter, WorkerTag, telemetry_output
 from phaseroute.engine.errors import AdmissionError
-from phaseroute.engine.protocol import PrefillItem, PrefillResult
+from phaseroute.engine.protocol import PrefillItem, PrefillResult, TokenProbe
+
+
+def probe_of(record: dict[str, Any]) -> TokenProbe | None:
+    """The engine probe of a FORCED canary's ``canary`` field; None for real work and GREEDY canaries."""
+    canary = record.get("canary")
+    if not canary or canary["mode"] != "FORCED":
+        return None
+    ids, width = canary["probe_token_ids"], canary["probe_width"]
+    probe_ids = tuple(tuple(ids[i : i + width]) for i in range(0, len(ids), width)) if width > 0 else ()
+    return TokenProbe(tuple(canary["forced_token_ids"]), probe_ids)
 
 
 @dataclass(frozen=True)
@@ -82,7 +93,7 @@ class PrefillStage:
         """Prefill one micro-batch (within the token budget); return results and its telemetry."""
         batch, tokens = [], 0
         for waiting in self.waiting:
-            if batch and tokens + len(waiting.token_ids) > self.limits.max_batch_tokens:
+            if batch and (len(batch) >= self.limits.max_batch or tokens + len(waiting.token_ids) > self.limits.max_batch_tokens):
                 break
             batch.append(waiting)
             tokens += len(waiting.token_ids)
@@ -90,7 +101,9 @@ class PrefillStage:
         self.first_at = time.time() if self.waiting else None
         started = time.time()
         results = self.executor.prefill([
-            PrefillItem(w.item.record["request_id"], w.item.record["max_tokens"], token_ids=tuple(w.token_ids)) for w in batch
+            PrefillItem(w.item.record["request_id"], w.item.record["max_tokens"], token_ids=tuple(w.token_ids),
+                        probe=probe_of(w.item.record))
+            for w in batch
         ])
         elapsed = time.time() - started
         lens = [len(w.token_ids) for w in batch]

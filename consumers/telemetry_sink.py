@@ -5,7 +5,9 @@ Life of a telemetry record: a worker emitted one ``phase_telemetry`` record per 
 ``flush_interval_s`` or ``max_rows``, inserts them as one Arrow batch per table, and only then
 lets the loop commit. A crash redoes the uncommitted tail; ``phase_telemetry`` is a
 ReplacingMergeTree keyed by batch_id, and readers count ``DISTINCT batch_id``, so a replay
-never inflates the figures. In embedded mode this process owns the chdb data path.
+never inflates the figures. The drift monitor's ``drift_measurement`` and ``quality_alert``
+records (``telemetry.drift``, ``quality.alerts``) land in their tables the same way. In embedded
+mode this process owns the chdb data path.
 """
 
 from __future__ import annotations
@@ -26,7 +28,20 @@ HEARTBEAT_COLUMNS = [
     "pool", "worker_id", "phase", "variant", "queue_depth", "consumer_lag", "batch_in_flight", "max_batch",
     "memory_bytes", "kv_free_bytes", "status", "at",
 ]
-TABLES = {"phase_telemetry": ("phase_telemetry", TELEMETRY_COLUMNS), "pool_heartbeat": ("pool_heartbeat", HEARTBEAT_COLUMNS)}
+DRIFT_COLUMNS = [
+    "measurement_id", "model", "prefill_pool", "decode_pool", "colocated", "prefill_variant", "decode_variant",
+    "canary_set", "round", "canaries_sent", "canaries_received", "positions", "greedy_agreement", "top1_agreement",
+    "mean_kl", "max_kl", "first_divergence_mean", "first_divergence_min", "quality_score", "exact_ok", "state",
+    "reason", "at",
+]
+ALERT_COLUMNS = [
+    "alert_id", "model", "prefill_pool", "decode_pool", "colocated", "kind", "reason", "greedy_agreement",
+    "top1_agreement", "mean_kl", "max_kl", "measurement_id", "at",
+]
+TABLES = {
+    "phase_telemetry": ("phase_telemetry", TELEMETRY_COLUMNS), "pool_heartbeat": ("pool_heartbeat", HEARTBEAT_COLUMNS),
+    "drift_measurement": ("drift_measurement", DRIFT_COLUMNS), "quality_alert": ("quality_alert", ALERT_COLUMNS),
+}
 
 
 class TelemetrySinkHandler:
@@ -39,7 +54,7 @@ class TelemetrySinkHandler:
         self.max_rows = max_rows
         self._buffer: list[WorkItem] = []
         self._first_at: float | None = None
-        self.inserted = {"phase_telemetry": 0, "pool_heartbeat": 0}
+        self.inserted = {kind: 0 for kind in TABLES}
 
     def capacity(self) -> int:
         return self.max_rows - len(self._buffer)

@@ -20,7 +20,7 @@ from phaseroute.config import Settings
 from phaseroute.consumers.handler import Handler
 from phaseroute.consumers.heartbeat import Heartbeat, WorkerIdentity
 from phaseroute.consumers.loop import LoopConfig, WorkerLoop
-from phaseroute.consumers.phase_handler import PhaseHandler, WorkerSpec
+from phaseroute.consumers.phase_handler import KVBitflips, PhaseHandler, WorkerSpec
 from phaseroute.consumers.prefill_stage import MicroBatchLimits
 from phaseroute.infra.topics import check_pool_name
 
@@ -43,6 +43,8 @@ class WorkerOptions:
     worker_id: str | None = None
     heartbeat_s: float = 2.0
     throttle_file: str | None = None  # fault injection: slowdown factor read from this file
+    kv_bitflips: float = 0.0  # fault injection: flip this share of bits in handed-over KV (CRC recomputed)
+    kv_bitflips_to: str | None = None  # ... only in blobs for this decode pool (None: every pool)
 
     def __post_init__(self) -> None:
         check_pool_name(self.pool)
@@ -81,6 +83,7 @@ def build_phase_worker(settings: Settings, opts: WorkerOptions, executor: Any = 
         prefill=opts.phase in ("prefill", "both"), decode=opts.phase in ("decode", "both"),
         limits=MicroBatchLimits(opts.max_batch, opts.max_batch_tokens, opts.max_wait_s),
         max_decode_batch=opts.max_decode_batch,
+        kv_bitflips=KVBitflips(opts.kv_bitflips, opts.kv_bitflips_to) if opts.kv_bitflips > 0 else None,
     )
     handler = PhaseHandler(executor, open_store(settings.kv_store), spec)
     config = LoopConfig(
@@ -154,7 +157,8 @@ def build_telemetry_sink(settings: Settings, group_suffix: str = "", profiles: b
     config = LoopConfig(
         bootstrap=settings.bootstrap_servers, group_id="phaseroute.telemetry-sink" + group_suffix,
         client_id=f"telemetry-sink.{os.getpid()}",
-        topic_kinds={"telemetry.phase": "phase_telemetry", "pools.heartbeat": "pool_heartbeat"},
+        topic_kinds={"telemetry.phase": "phase_telemetry", "pools.heartbeat": "pool_heartbeat",
+                     "telemetry.drift": "drift_measurement", "quality.alerts": "quality_alert"},
         service="telemetry-sink",
     )
     builder = service_builder(client, settings.bootstrap_servers, settings.clickhouse_database) if profiles else None

@@ -1,5 +1,5 @@
-"""The local phaseroute stack beside Kafka: telemetry service, result sink, control plane, and
-the workers of each pool — each a process with a PID file, so ``phaseroute down`` stops them.
+"""The local phaseroute stack beside Kafka: telemetry service, result sink, control plane, drift
+monitor, and the workers of each pool — each a process with a PID file, so ``phaseroute down`` stops them.
 
 A pool spec names each pool's phase, engine variant, threads and worker count::
 
@@ -73,8 +73,10 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "phaseroute.cli.main", *args]
 
 
-def start(settings: Settings, pools: list[PoolSpec], tenants_file: Path | None = None) -> list[str]:
-    """Provision the pools' topics and start services and workers; return the process names."""
+def start(settings: Settings, pools: list[PoolSpec], tenants_file: Path | None = None,
+          drift_interval_s: float | None = 60.0) -> list[str]:
+    """Provision the pools' topics and start services and workers; return the process names.
+    The drift monitor runs canaries on every path every ``drift_interval_s`` (None: no monitor)."""
     provision.provision(settings.bootstrap_servers, topics.all_topics([p.name for p in pools]))
     logs = settings.run_dir / "logs"
     started = []
@@ -87,6 +89,8 @@ def start(settings: Settings, pools: list[PoolSpec], tenants_file: Path | None =
     spawn("telemetry", _cli("sink", "telemetry"))
     spawn("results", _cli("sink", "results"))
     spawn("control", _cli("control", *(["--tenants", str(tenants_file)] if tenants_file else [])))
+    if drift_interval_s is not None:
+        spawn("drift", [sys.executable, "-m", "phaseroute.cli.drift_cmds", "monitor", "--interval-s", str(drift_interval_s)])
     for pool in pools:
         for i in range(pool.workers):
             spawn(f"worker-{pool.name}-{i}", _cli(

@@ -81,6 +81,9 @@ STATIC_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("telemetry.phase", 2, "phase_telemetry", "pool", "One record per executed batch, for ClickHouse."),
     TopicSpec("pools.heartbeat", 1, "pool_heartbeat", "worker_id", "Worker liveness, queue depth, memory.", retention_ms=DAY_MS),
     TopicSpec("profiles", 1, "profile_row", "model|phase|pool|variant", "Measured profile rows (compacted) the router joins against.", compacted=True, retention_ms=-1),
+    TopicSpec("canary.results", 1, "result", "job_id", "Results of drift canaries (tenant _canary), for the drift monitor; real results go to results.", retention_ms=DAY_MS),
+    TopicSpec("telemetry.drift", 1, "drift_measurement", "model|prefill_pool|decode_pool", "Canary drift per path and round (drift monitor), for ClickHouse.", retention_ms=30 * DAY_MS),
+    TopicSpec("quality.alerts", 1, "quality_alert", "model|prefill_pool|decode_pool", "Paths demoted from, or restored to, EXACT-tier work by the drift monitor.", retention_ms=30 * DAY_MS),
     TopicSpec("deadletter", 1, "dead_letter", "source topic", "Undecodable or invalid messages, each with its reason.", retention_ms=30 * DAY_MS),
 )
 

@@ -152,11 +152,30 @@ class DeadLetterStage(StrEnum):
     PROCESS = "PROCESS"
 
 
+class CanaryMode(StrEnum):
+    GREEDY = "GREEDY"
+    FORCED = "FORCED"
+
+
+class QualityState(StrEnum):
+    UNMEASURED = "UNMEASURED"
+    HEALTHY = "HEALTHY"
+    SUSPECT = "SUSPECT"
+    DEMOTED = "DEMOTED"
+    RECOVERING = "RECOVERING"
+
+
+class QualityAlertKind(StrEnum):
+    DEMOTED = "DEMOTED"
+    RECOVERED = "RECOVERED"
+
+
 #: Avro enum full name -> Python enum, for the drift test and generic conversion.
 AVRO_ENUMS: dict[str, type[StrEnum]] = {
     f"phaseroute.{cls.__name__}": cls
     for cls in (
         QualityTier, JobCommandKind, JobEventKind, JobState, ResultStatus, FinishReason,
         Phase, BatchStatus, PoolPhase, WorkerStatus, ProfileSource, DeadLetterStage, AttemptPhase,
+        CanaryMode, QualityState, QualityAlertKind,
     )
 }

@@ -58,6 +58,7 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
         "custom_id": CUSTOM_ID, "attempt": 0, "pool": "cpu-fp32-a", "model": MODEL, "prompt": PROMPT,
         "prompt_tokens": 21, "max_tokens": 32, "sampling": SAMPLING, "priority": 1, "deadline": DEADLINE,
         "colocated": False, "decode_pool": "cpu-int8-b", "quality_tier": "APPROXIMATE", "dispatched_at": T0 + 250,
+        "canary": None,
     },
     "kv_ready": {
         "attempt_id": PREFILL_ATTEMPT, "request_id": REQUEST_ID, "job_id": JOB_ID, "tenant": TENANT,
@@ -75,6 +76,7 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
         "kv_checksum": KV_CHECKSUM, "kv_layout_version": 1, "prompt_tokens": 21, "first_token": 504,
         "max_tokens": 32, "sampling": SAMPLING, "priority": 1, "deadline": DEADLINE,
         "quality_tier": "APPROXIMATE", "prefill_time_s": 0.041, "dispatched_at": T0 + 330,
+        "canary": None, "canary_trace": None,
     },
     "result": {
         "request_id": REQUEST_ID, "job_id": JOB_ID, "tenant": TENANT, "custom_id": CUSTOM_ID,
@@ -83,6 +85,7 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
         "finish_reason": "STOP", "prompt_tokens": 21, "completion_tokens": 9, "prefill_pool": "cpu-fp32-a",
         "decode_pool": "cpu-int8-b", "colocated": False, "prefill_time_s": 0.041, "decode_time_s": 0.118,
         "kv_transfer_s": 0.0031, "kv_bytes": KV_BYTES, "error": None, "completed_at": T0 + 480,
+        "canary": None, "canary_trace": None,
     },
     "phase_telemetry": {
         "batch_id": "cpu-int8-b-0/000173", "pool": "cpu-int8-b", "worker_id": "cpu-int8-b-0", "model": MODEL,
@@ -111,7 +114,22 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
         "step_latency_s_p50": 0.013, "step_latency_s_p90": 0.016, "step_latency_s_p99": 0.024,
         "tokens_per_s": 152.0, "mem_bytes_per_token": 23_040.0, "kv_bytes_per_token": 46_080.0,
         "transfer_bytes_per_s": None, "transfer_latency_s": None, "error_rate": 0.001, "quality_score": 0.97,
-        "samples": 1_843, "window_s": 900.0, "updated_at": T0 + 60_000,
+        "samples": 1_843, "window_s": 900.0, "updated_at": T0 + 60_000, "path_quality": None,
+    },
+    "drift_measurement": {
+        "measurement_id": f"{MODEL}|cpu-fp32-a|cpu-int8-b|12", "model": MODEL, "prefill_pool": "cpu-fp32-a",
+        "decode_pool": "cpu-int8-b", "colocated": False, "prefill_variant": "fp32", "decode_variant": "int8-dynamic",
+        "canary_set": "smollm2-135m/v1", "round": 12, "canaries_sent": 16, "canaries_received": 16, "positions": 120,
+        "greedy_agreement": 0.0417, "top1_agreement": 0.6167, "mean_kl": 0.7036, "max_kl": 2.4818,
+        "first_divergence_mean": 0.125, "first_divergence_min": 0, "quality_score": 0.6167, "exact_ok": False,
+        "state": "DEMOTED", "reason": "mean KL 0.7036 nats > 1e-06 (EXACT)", "at": T0 + 90_000,
+    },
+    "quality_alert": {
+        "alert_id": f"{MODEL}|cpu-fp32-a|cpu-int8-b|DEMOTED|12", "model": MODEL, "prefill_pool": "cpu-fp32-a",
+        "decode_pool": "cpu-int8-b", "colocated": False, "kind": "DEMOTED",
+        "reason": "mean KL 0.7036 nats > 1e-06 (EXACT) in 1 consecutive round(s)", "greedy_agreement": 0.0417,
+        "top1_agreement": 0.6167, "mean_kl": 0.7036, "max_kl": 2.4818,
+        "measurement_id": f"{MODEL}|cpu-fp32-a|cpu-int8-b|12", "at": T0 + 90_000,
     },
     "dead_letter": {
         "source_topic": "jobs.submitted", "partition": 0, "offset": 1_207, "key": JOB_ID.encode(),

@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from phaseroute.schemas.errors import UnknownKindError
-from phaseroute.schemas.ops_records import AttemptFailed, DeadLetter, PhaseTelemetry, PoolHeartbeat, ProfileRow
+from phaseroute.schemas.ops_records import (
+    AttemptFailed,
+    DeadLetter,
+    DriftMeasurement,
+    PhaseTelemetry,
+    PoolHeartbeat,
+    ProfileRow,
+    QualityAlert,
+)
 from phaseroute.schemas.records import (
     DecodeWork,
     JobCommand,
@@ -20,7 +28,7 @@ RECORD_TYPES: dict[str, type[AvroRecord]] = {
     cls.KIND: cls  # type: ignore[misc]
     for cls in (
         JobSubmitted, JobCommand, JobEvent, Request, PrefillWork, KvReady, DecodeWork, Result,
-        PhaseTelemetry, PoolHeartbeat, ProfileRow, DeadLetter, AttemptFailed,
+        PhaseTelemetry, PoolHeartbeat, ProfileRow, DeadLetter, AttemptFailed, DriftMeasurement, QualityAlert,
     )
 }
 

@@ -16,6 +16,8 @@ from phaseroute.schemas.enums import (
     Phase,
     PoolPhase,
     ProfileSource,
+    QualityAlertKind,
+    QualityState,
     WorkerStatus,
 )
 from phaseroute.schemas.typed import AvroRecord
@@ -97,6 +99,18 @@ class BatchPoint(AvroRecord):
 
 
 @record
+class PathQuality(AvroRecord):
+    exact_ok: bool
+    state: QualityState
+    greedy_agreement: float
+    top1_agreement: float
+    mean_kl: float
+    max_kl: float
+    canary_set: str
+    reason: str | None = None
+
+
+@record
 class ProfileRow(AvroRecord):
     KIND: ClassVar[str] = "profile_row"
     model: str
@@ -119,6 +133,53 @@ class ProfileRow(AvroRecord):
     samples: int
     window_s: float
     updated_at: int
+    path_quality: PathQuality | None = None
+
+
+@record
+class DriftMeasurement(AvroRecord):
+    KIND: ClassVar[str] = "drift_measurement"
+    measurement_id: str
+    model: str
+    prefill_pool: str
+    decode_pool: str
+    colocated: bool
+    prefill_variant: str
+    decode_variant: str
+    canary_set: str
+    round: int
+    canaries_sent: int
+    canaries_received: int
+    positions: int
+    greedy_agreement: float
+    top1_agreement: float
+    mean_kl: float
+    max_kl: float
+    first_divergence_mean: float
+    first_divergence_min: int
+    quality_score: float
+    exact_ok: bool
+    state: QualityState
+    reason: str | None = None
+    at: int
+
+
+@record
+class QualityAlert(AvroRecord):
+    KIND: ClassVar[str] = "quality_alert"
+    alert_id: str
+    model: str
+    prefill_pool: str
+    decode_pool: str
+    colocated: bool
+    kind: QualityAlertKind
+    reason: str
+    greedy_agreement: float
+    top1_agreement: float
+    mean_kl: float
+    max_kl: float
+    measurement_id: str
+    at: int
 
 
 @record

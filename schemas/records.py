@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from phaseroute.schemas.enums import (
+    CanaryMode,
     FinishReason,
     JobCommandKind,
     JobEventKind,
@@ -44,6 +45,21 @@ class RequestItem(AvroRecord):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     max_tokens: int | None = None
+
+
+@record
+class CanaryProbe(AvroRecord):
+    canary_id: str
+    mode: CanaryMode
+    forced_token_ids: list[int] = field(default_factory=list)
+    probe_token_ids: list[int] = field(default_factory=list)
+    probe_width: int = 0
+
+
+@record
+class CanaryTrace(AvroRecord):
+    argmax_ids: list[int] = field(default_factory=list)
+    probe_logprobs: list[float] = field(default_factory=list)
 
 
 @record
@@ -138,6 +154,7 @@ class PrefillWork(AvroRecord):
     decode_pool: str | None = None
     quality_tier: QualityTier = QualityTier.EXACT
     dispatched_at: int
+    canary: CanaryProbe | None = None
 
 
 @record
@@ -196,6 +213,8 @@ class DecodeWork(AvroRecord):
     quality_tier: QualityTier = QualityTier.EXACT
     prefill_time_s: float = 0.0
     dispatched_at: int
+    canary: CanaryProbe | None = None
+    canary_trace: CanaryTrace | None = None
 
 
 @record
@@ -223,3 +242,5 @@ class Result(AvroRecord):
     kv_bytes: int = 0
     error: str | None = None
     completed_at: int
+    canary: CanaryProbe | None = None
+    canary_trace: CanaryTrace | None = None

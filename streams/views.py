@@ -1,7 +1,8 @@
 """Materialized views the router joins against: the profile table and the pool states.
 
 ``profiles`` is a compacted topic: the view reads it from the beginning at start (so a
-restarted control plane has every row at once) and follows it. ``pools.heartbeat`` becomes
+restarted control plane has every row at once) and follows it. Rows carrying ``path_quality``
+(published by the drift monitor) become the table's measured path quality, not profile rows. ``pools.heartbeat`` becomes
 one ``PoolState`` per pool: alive while a worker's heartbeat is younger than
 ``dead_after_s`` and not DOWN. (A Faust GlobalTable over the externally written compacted
 topic hung in partition assignment with faust-streaming 0.15.3, so the view is a plain
@@ -19,7 +20,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from phaseroute.schemas.deadletter import Rejected, safe_decode
-from phaseroute.streams.policy import LinkProfile, Phase, PoolState, ProfileRow, ProfileTable
+from phaseroute.streams.policy import LinkProfile, PathQuality, Phase, PoolState, ProfileRow, ProfileTable
 from phaseroute.streams.profiles.convert import from_avro
 
 
@@ -61,6 +62,16 @@ class TopicFollower:
         self._thread.join(timeout=5)
 
 
+def path_quality_from_avro(record: dict[str, Any]) -> PathQuality:
+    """The policy's path quality of a ``profile_row`` record that carries ``path_quality``."""
+    quality = record["path_quality"]
+    return PathQuality(
+        model=record["model"], src=record["source_pool"] or record["pool"], dst=record["pool"],
+        score=min(1.0, max(0.0, float(record["quality_score"] if record["quality_score"] is not None else 0.0))),
+        exact_ok=bool(quality["exact_ok"]), samples=int(record["samples"]), updated_at=record["updated_at"] / 1000.0,
+    )
+
+
 class ProfileView:
     """The latest profile row per key, as a policy ``ProfileTable``."""
 
@@ -68,9 +79,16 @@ class ProfileView:
         self._lock = threading.Lock()
         self._rows: dict[tuple[str, ...], ProfileRow] = {}
         self._links: dict[tuple[str, str], LinkProfile] = {}
+        self._quality: dict[tuple[str, str, str], PathQuality] = {}
         self.version = 0
 
     def on_record(self, record: dict[str, Any]) -> None:
+        if record.get("path_quality") is not None:
+            quality = path_quality_from_avro(record)
+            with self._lock:
+                self._quality[quality.key] = quality
+                self.version += 1
+            return
         converted = from_avro(record)
         with self._lock:
             if isinstance(converted, LinkProfile):
@@ -82,7 +100,7 @@ class ProfileView:
 
     def table(self) -> ProfileTable:
         with self._lock:
-            return ProfileTable.from_rows(list(self._rows.values()), list(self._links.values()))
+            return ProfileTable.from_rows(list(self._rows.values()), list(self._links.values()), list(self._quality.values()))
 
 
 class PoolView:

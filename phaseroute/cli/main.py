@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from phaseroute.cli import common, engine_cmds, jobs_cmds, pools_cmd, sim_cmds, stack, worker_cmds
+from phaseroute.cli import common, drift_cmds, engine_cmds, jobs_cmds, pools_cmd, sim_cmds, stack, worker_cmds
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="phaseroute: offline LLM batch inference over Kafka.")
 
@@ -37,6 +37,7 @@ app.command("profile")(engine_cmds.profile)
 app.add_typer(engine_cmds.bench_app, name="bench")
 app.add_typer(sim_cmds.sim_app, name="sim")
 app.add_typer(sim_cmds.plan_app, name="plan")
+app.add_typer(drift_cmds.drift_app, name="drift")
 
 
 if __name__ == "__main__":  # pragma: no cover

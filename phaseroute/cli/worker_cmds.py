@@ -22,6 +22,8 @@ def worker(
     max_decode_batch: int = typer.Option(32, "--max-decode-batch", help="Most sequences in the continuous decode batch."),
     worker_id: str = typer.Option(None, "--worker-id"),
     throttle_file: str = typer.Option(None, "--throttle-file", help="Fault injection: slow this worker by the factor in FILE (re-read every second)."),
+    inject_kv_bitflips: float = typer.Option(0.0, "--inject-kv-bitflips", help="Fault injection: flip this share of the bits of every KV blob this prefill worker hands over, CRC recomputed (drift tests)."),
+    inject_kv_bitflips_to: str = typer.Option(None, "--inject-kv-bitflips-to", help="Fault injection: corrupt only blobs for this decode pool (one path)."),
 ) -> None:
     """Run one prefill, decode or colocated worker until SIGTERM."""
     from phaseroute.consumers.worker import WorkerOptions, build_phase_worker, run
@@ -34,6 +36,7 @@ def worker(
             pool=pool, phase=phase, variant=variant, model=model, threads=threads, device=device, max_batch=max_batch,
             max_batch_tokens=max_batch_tokens, max_wait_s=max_wait_ms / 1000, max_decode_batch=max_decode_batch,
             worker_id=worker_id, throttle_file=throttle_file,
+            kv_bitflips=inject_kv_bitflips, kv_bitflips_to=inject_kv_bitflips_to,
         )
         loop, heartbeat = build_phase_worker(settings, opts)
     console.print(f"worker {loop.config.client_id} on {sorted(loop.config.topic_kinds)} (group {loop.config.group_id})")

@@ -128,6 +128,14 @@ def print_summary(doc: dict[str, Any], console: Console) -> None:
     r = doc["routing"]
     console.print(f"routing: {r['colocated']} colocated, {r['disaggregated']} disaggregated; paths {r['paths']}; "
                   f"KV moved {r['kv_bytes_moved']} bytes in {r['kv_transfer_s']} s", highlight=False)
+    drift = doc.get("quality_drift", {})
+    table = Table("path", "state", "exact ok", "top-1 agreement", "mean KL (nats)", "rounds", title="Quality drift (canaries)")
+    for p in drift.get("paths", []):
+        table.add_row(str(p["path"]), str(p["state_now"]), str(p["exact_ok_now"]), f"{p['top1_now']:.3f}",
+                      f"{p['mean_kl_now']:.3g}", str(p["rounds"]))
+    console.print(table)
+    for alert in drift.get("alerts", []):
+        console.print(f"  alert {alert['at_utc']} {alert['path']} {alert['kind']}: {alert['reason']}", highlight=False)
     console.print(f"{doc['output_tokens']} output tokens in {doc['wall_s']} s = {doc['output_tokens_per_s']} tokens/s; "
                   f"{doc['deadline_misses']} deadline misses", highlight=False)
 
@@ -150,7 +158,7 @@ def run_demo(settings: Settings, as_json: bool, scale: float, timeout_s: float, 
         tenants_file = settings.run_dir / "demo-tenants.yaml"
         tenants_file.parent.mkdir(parents=True, exist_ok=True)
         tenants_file.write_text(yaml.safe_dump(TENANTS))
-        started = stack.start(settings, pools, tenants_file)
+        started = stack.start(settings, pools, tenants_file, drift_interval_s=30.0)
         console.print(f"started {', '.join(started)}; waiting for pools and profiles ...")
         wait_until_ready(settings, pools, started, timeout_s=240)
         run = f"demo-{uuid.uuid4().hex[:6]}"

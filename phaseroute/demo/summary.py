@@ -9,6 +9,7 @@ from typing import Any
 
 from confluent_kafka import Consumer
 
+from phaseroute.cli.drift_cmds import drift_summary
 from phaseroute.cli.pools_cmd import read_since
 from phaseroute.consumers.query_server import remote_query
 
@@ -110,4 +111,5 @@ def collect(bootstrap: str, port: int, states: dict[str, dict[str, Any]], job_id
         "routing": routing(results, ours),
         "tenants": tenant_shares(results, ours, weights),
         "pools": pool_utilization(port, pools, since_s, until_s),
+        "quality_drift": drift_summary(port, since_s),
     }

@@ -6,7 +6,8 @@ profile rows, effective rows), ``profile_builder`` (telemetry aggregates -> rows
 ``cost_model`` (seconds, bytes, dollars of a placement), ``filters`` / ``scorers`` /
 ``router`` / ``router_config`` / ``router_state`` (placement and anti-herding),
 ``admission`` + ``feasibility`` (admit or reject), ``fairness`` (VTC release),
-``retry`` (retries, stragglers), ``pool_loss`` (re-dispatch after a pool dies).
+``retry`` (retries, stragglers), ``pool_loss`` (re-dispatch after a pool dies), ``quality``
+(EXACT-tier demotion and recovery from measured drift, path quality for the router).
 The contract is docs/policy-contract.md.
 """
 
@@ -29,6 +30,14 @@ from .fairness import FairConfig, FairScheduler, FreeCapacity, Release, Schedule
 from .feasibility import QueuedWork, check_deadline, earliest_feasible_deadline
 from .lifecycle import AttemptStatus, FailureKind, JobStatus, attempt_id, job_transition_error, parse_attempt_id
 from .pool_loss import InFlightAttempt, Redispatch, dead_pools, redispatch_lost
+from .quality import (
+    PathState,
+    QualityAlertKind,
+    QualityConfig,
+    QualityState,
+    QualityVerdict,
+    path_quality,
+)
 from .profile_builder import (
     LinkAggregate,
     PhaseAggregate,
@@ -57,6 +66,7 @@ from .types import (
     LinkProfile,
     NoPlacement,
     PathEstimate,
+    PathQuality,
     Phase,
     PoolState,
     ProfileRow,
@@ -89,6 +99,8 @@ __all__ = [
     "ModelSpec",
     "NoPlacement",
     "PathEstimate",
+    "PathQuality",
+    "PathState",
     "Phase",
     "PhaseAggregate",
     "PhaseOption",
@@ -97,7 +109,11 @@ __all__ = [
     "ProfileRow",
     "ProfileSource",
     "ProfileTable",
+    "QualityAlertKind",
+    "QualityConfig",
+    "QualityState",
     "QualityTier",
+    "QualityVerdict",
     "QueuedWork",
     "Redispatch",
     "RejectCode",
@@ -135,6 +151,7 @@ __all__ = [
     "join_batch",
     "next_step",
     "parse_attempt_id",
+    "path_quality",
     "redispatch_lost",
     "request_id",
     "route",

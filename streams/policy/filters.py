@@ -2,7 +2,8 @@
 
 Each filter is a small function of one :class:`FilterInput` that returns None (keep) or a
 reason a person can act on (drop). ``POOL_FILTERS`` runs them in order and stops at the
-first reason; ``path_filter`` checks what only a whole path knows (quality over both phases).
+first reason; ``path_filter`` checks what only a whole path knows: quality over both phases,
+or the quality canaries measured on the path (``quality.path_quality``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from .confidence import EffectiveProfile, effective_profile
 from .cost_model import PhaseOption, kv_need_bytes
 from .router_config import RouterConfig
-from .types import PathEstimate, Phase, PoolState, ProfileTable, QualityTier, RequestWork
+from .types import PathEstimate, PathQuality, Phase, PoolState, ProfileTable, QualityTier, RequestWork
 
 
 @dataclass(frozen=True)
@@ -141,8 +142,21 @@ def phase_options(
     return kept, rejected
 
 
-def path_filter(request: RequestWork, estimate: PathEstimate, config: RouterConfig) -> str | None:
-    """None when the whole path is acceptable, else why not."""
+def path_filter(request: RequestWork, estimate: PathEstimate, config: RouterConfig,
+                measured: PathQuality | None = None) -> str | None:
+    """None when the whole path is acceptable, else why not. With a measured (or inferred)
+    path quality from canaries, EXACT needs the quality policy's verdict (``exact_ok``) and
+    APPROXIMATE needs its score >= 1 - tolerance; without one, the rows' scores decide."""
+    if measured is not None:
+        where = "measured" if measured.samples else "inferred from the pools' measured paths"
+        if request.quality_tier is QualityTier.EXACT:
+            if measured.exact_ok:
+                return None
+            return f"path demoted for exact tier by canary drift ({where}; top-1 agreement {measured.score:.3f})"
+        need = 1.0 - request.quality_tolerance
+        if measured.score >= need:
+            return None
+        return f"path quality {measured.score:.3f} ({where}) < {need:.3f} required by approximate tier"
     need = required_quality(request, config)
     if estimate.quality < need:
         return f"path quality {estimate.quality:.3f} < {need:.3f} required by {request.quality_tier.value} tier"

@@ -4,7 +4,8 @@
    loaded, profiled, healthy, quality tier, KV memory, not in the avoid list.
 2. Build paths (``paths.candidate_pairs``): colocated (one pool runs both phases) and, when
    allowed, disaggregated (prefill pool != decode pool, KV over the measured link). Estimate each with the cost model
-   from the *effective* (confidence-blended) rows; drop paths below the quality tier.
+   from the *effective* (confidence-blended) rows; drop paths below the quality tier (the
+   quality canaries measured on the path when there is one: ``quality.path_quality``).
 3. Score each path with the weighted scorers (each in [0, 1]).
 4. Pick: with probability ``exploration_share`` a uniformly random eligible pool (the best
    path through it), so every pool stays measured; otherwise the best path whose pools have
@@ -22,12 +23,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .confidence import effective_link
 from .cost_model import estimate_path
 from .filters import path_filter, phase_options
 from .paths import candidate_pairs
+from .quality import path_quality
 from .router_config import RouterConfig
 from .router_state import RouterState
 from .scorers import FieldStats, ScoreInput, score_path
@@ -58,7 +60,10 @@ def _candidates(
         colocated = p.pool.name == d.pool.name
         link = None if colocated else effective_link(profiles, p.pool.name, d.pool.name, now, config.confidence)
         estimate = estimate_path(request, p, d, link)
-        reason = path_filter(request, estimate, config)
+        measured = path_quality(profiles, request.model, p.pool.name, d.pool.name, now)
+        if measured is not None:
+            estimate = replace(estimate, quality=measured.score)
+        reason = path_filter(request, estimate, config, measured)
         if reason is None:
             paths.append(estimate)
         else:

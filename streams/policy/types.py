@@ -143,26 +143,56 @@ class LinkProfile:
 
 
 @dataclass(frozen=True)
+class PathQuality:
+    """Measured quality of one path for one model: prefill on ``src``, KV moved, decode on
+    ``dst`` (colocated when equal), from canaries compared with the reference (drift monitor)."""
+
+    model: str
+    src: str
+    dst: str
+    score: float  # 1.0 = the reference (teacher-forced top-1 agreement)
+    exact_ok: bool  # the quality policy's verdict: may take EXACT-tier work
+    samples: int  # reference positions compared
+    updated_at: float
+
+    def __post_init__(self) -> None:
+        owner = f"PathQuality({self.model}, {self.src}->{self.dst})"
+        _checks.fraction(owner, "score", self.score)
+        _checks.non_negative(owner, "samples", self.samples)
+        _checks.finite(owner, "updated_at", self.updated_at)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.model, self.src, self.dst)
+
+
+@dataclass(frozen=True)
 class ProfileTable:
-    """Rows by (model, phase, pool, variant) and source; links by (src, dst)."""
+    """Rows by (model, phase, pool, variant) and source; links by (src, dst); measured path
+    quality by (model, src, dst)."""
 
     rows: Mapping[tuple[str, Phase, str, str, ProfileSource], ProfileRow] = field(default_factory=dict)
     links: Mapping[tuple[str, str], LinkProfile] = field(default_factory=dict)
+    quality: Mapping[tuple[str, str, str], PathQuality] = field(default_factory=dict)
     # Values derived from this immutable table at one time ``now`` (see ``memo``).
     _memo: dict[Hashable, object] = field(default_factory=dict, init=False, repr=False, compare=False)
     _memo_now: list[float] = field(default_factory=list, init=False, repr=False, compare=False)
 
     @classmethod
-    def from_rows(cls, rows: Iterable[ProfileRow], links: Iterable[LinkProfile] = ()) -> ProfileTable:
-        return cls().with_rows(rows, links)
+    def from_rows(cls, rows: Iterable[ProfileRow], links: Iterable[LinkProfile] = (),
+                  quality: Iterable[PathQuality] = ()) -> ProfileTable:
+        return cls().with_rows(rows, links, quality)
 
-    def with_rows(self, rows: Iterable[ProfileRow] = (), links: Iterable[LinkProfile] = ()) -> ProfileTable:
-        """A new table where ``rows`` and ``links`` replace those with the same key."""
+    def with_rows(self, rows: Iterable[ProfileRow] = (), links: Iterable[LinkProfile] = (),
+                  quality: Iterable[PathQuality] = ()) -> ProfileTable:
+        """A new table where ``rows``, ``links`` and ``quality`` replace those with the same key."""
         new_rows = dict(self.rows)
         new_rows.update({(*row.key, row.source): row for row in rows})
         new_links = dict(self.links)
         new_links.update({(link.src, link.dst): link for link in links})
-        return ProfileTable(new_rows, new_links)
+        new_quality = dict(self.quality)
+        new_quality.update({q.key: q for q in quality})
+        return ProfileTable(new_rows, new_links, new_quality)
 
     def rows_for(self, model: str, phase: Phase, pool: str, variant: str) -> dict[ProfileSource, ProfileRow]:
         found = {}

@@ -74,7 +74,8 @@ def test_every_truncation_of_every_kind_is_a_corrupt_body(kind: str) -> None:
         out = safe_decode(data[:cut], None, topic="t", partition=0, offset=cut, service="s", now_ms=0)
         assert isinstance(out, Rejected), f"{kind} cut at {cut} decoded"
         assert isinstance(out.error, CorruptBodyError)
-        assert out.dead_letter["reason"].startswith(f"body of {kind} v1 (writer fingerprint 0x")
+        version = default_registry().current(kind).version
+        assert out.dead_letter["reason"].startswith(f"body of {kind} v{version} (writer fingerprint 0x")
         assert "truncated or corrupt" in out.dead_letter["reason"]
 
 
