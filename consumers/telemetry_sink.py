@@ -13,6 +13,7 @@ mode this process owns the chdb data path.
 from __future__ import annotations
 
 import time
+from datetime import datetime, timezone
 from typing import Any
 
 from phaseroute.consumers.handler import Completion, Output, WorkItem
@@ -95,6 +96,17 @@ class TelemetrySinkHandler:
         return {"batch_in_flight": len(self._buffer), "max_batch": self.max_rows, "memory_bytes": 0, "kv_free_bytes": 0}
 
 
+TIMESTAMP_COLUMNS = frozenset({"at"})  # DateTime64(3, 'UTC') columns; the records carry epoch ms
+
+
 def _row(record: dict[str, Any]) -> dict[str, Any]:
-    """Enum values as their names; everything else as decoded."""
-    return {k: (v.name if hasattr(v, "name") and not isinstance(v, str) else v) for k, v in record.items()}
+    """Enum values as their names, epoch-millisecond timestamps as UTC datetimes (an int would be
+    read as seconds by the DateTime64 column); everything else as decoded."""
+    row = {}
+    for key, value in record.items():
+        if key in TIMESTAMP_COLUMNS and isinstance(value, int):
+            value = datetime.fromtimestamp(value / 1000, tz=timezone.utc)
+        elif hasattr(value, "name") and not isinstance(value, str):
+            value = value.name
+        row[key] = value
+    return row

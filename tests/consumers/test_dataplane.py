@@ -199,6 +199,9 @@ def test_telemetry_of_every_batch_is_in_clickhouse(pools, sinks, colocated_run, 
             break
         time.sleep(0.5)
     assert stored == len(produced)
+    recent = (f"SELECT count(DISTINCT batch_id) FROM phaseroute.phase_telemetry WHERE pool IN ({pool_list}) "
+              "AND at > now64(3) - INTERVAL 2 HOUR AND at <= now64(3) + INTERVAL 1 MINUTE")
+    assert remote_query(settings().telemetry_port, recent)["rows"][0][0] == stored, "timestamps must be stored as times"
     sizes = Counter(r["batch_size"] for r in produced.values() if r["phase"] == "PREFILL")
     decode = [r for r in produced.values() if r["phase"] == "DECODE"]
     print(f"\n[figures] telemetry: {len(produced)} batches in ClickHouse; prefill micro-batch sizes {dict(sorted(sizes.items()))}; "
