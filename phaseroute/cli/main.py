@@ -38,6 +38,7 @@ app.add_typer(engine_cmds.bench_app, name="bench")
 app.add_typer(sim_cmds.sim_app, name="sim")
 app.add_typer(sim_cmds.plan_app, name="plan")
 app.add_typer(drift_cmds.drift_app, name="drift")
+app.command("report", help="Quality drift per variant and path, alerts, and drift over time (--plot PNG).")(drift_cmds.report)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -121,9 +121,11 @@ def print_summary(doc: dict[str, Any], console: Console) -> None:
         pools.add_row(p["pool"], p["phase"], str(p["batches"]), str(p["busy_s"]), f"{p['utilization']:.0%}",
                       str(p["tokens_in"]), str(p["tokens_out"]), str(p["kv_bytes"]))
     console.print(pools)
-    tenants = Table("tenant", "weight", "served cost", "share", "weighted share", title="Tenants (cost = input + 2 x output tokens)")
+    tenants = Table("tenant", "weight", "served cost", "share", "share while all backlogged", "weighted share",
+                    title="Tenants (cost = input + 2 x output tokens)")
     for t in doc["tenants"]:
-        tenants.add_row(t["tenant"], str(t["weight"]), str(t["served_cost"]), f"{t['share']:.1%}", f"{t['weighted_share']:.1%}")
+        tenants.add_row(t["tenant"], str(t["weight"]), str(t["served_cost"]), f"{t['share']:.1%}",
+                        f"{t['share_while_all_backlogged']:.1%}", f"{t['weighted_share']:.1%}")
     console.print(tenants)
     r = doc["routing"]
     console.print(f"routing: {r['colocated']} colocated, {r['disaggregated']} disaggregated; paths {r['paths']}; "
@@ -157,7 +159,7 @@ def run_demo(settings: Settings, as_json: bool, scale: float, timeout_s: float, 
             profile_pools(pools, console)
         tenants_file = settings.run_dir / "demo-tenants.yaml"
         tenants_file.parent.mkdir(parents=True, exist_ok=True)
-        tenants_file.write_text(yaml.safe_dump(TENANTS))
+        tenants_file.write_text(yaml.safe_dump(TENANTS))  # weights and in-flight caps
         started = stack.start(settings, pools, tenants_file, drift_interval_s=30.0)
         console.print(f"started {', '.join(started)}; waiting for pools and profiles ...")
         wait_until_ready(settings, pools, started, timeout_s=240)

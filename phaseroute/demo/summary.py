@@ -62,19 +62,31 @@ def routing(results: list[dict[str, Any]], job_ids: set[str]) -> dict[str, Any]:
 
 
 def tenant_shares(results: list[dict[str, Any]], job_ids: set[str], weights: dict[str, float]) -> list[dict[str, Any]]:
-    """Served cost (input + 2 x output tokens, as VTC counts it) per tenant vs its weighted share."""
+    """Served cost (input + 2 x output tokens, as VTC counts it) per tenant vs its weighted share,
+    over the whole run and while every tenant was still backlogged (until the first one's last
+    result): fairness is about the contended period, not the tail one tenant has alone."""
     first: dict[str, dict[str, Any]] = {}
     for r in results:
         if r["job_id"] in job_ids and r["status"] == "OK":
             first.setdefault(r["request_id"], r)
-    cost: dict[str, float] = {}
+    last_done: dict[str, int] = {}
     for r in first.values():
-        cost[r["tenant"]] = cost.get(r["tenant"], 0) + r["prompt_tokens"] + 2 * r["completion_tokens"]
-    total = sum(cost.values()) or 1
-    served = {t: weights.get(t, 1.0) for t in cost}
-    weight_total = sum(served.values()) or 1
-    return [{"tenant": t, "weight": served[t], "served_cost": int(c), "share": round(c / total, 3),
-             "weighted_share": round(served[t] / weight_total, 3)} for t, c in sorted(cost.items())]
+        last_done[r["tenant"]] = max(last_done.get(r["tenant"], 0), r["completed_at"])
+    contended_until = min(last_done.values(), default=0)
+
+    def shares(rows: list[dict[str, Any]]) -> dict[str, float]:
+        cost: dict[str, float] = {}
+        for r in rows:
+            cost[r["tenant"]] = cost.get(r["tenant"], 0) + r["prompt_tokens"] + 2 * r["completion_tokens"]
+        return cost
+
+    whole = shares(list(first.values()))
+    contended = shares([r for r in first.values() if r["completed_at"] <= contended_until])
+    total, total_c = sum(whole.values()) or 1, sum(contended.values()) or 1
+    weight_total = sum(weights.get(t, 1.0) for t in whole) or 1
+    return [{"tenant": t, "weight": weights.get(t, 1.0), "served_cost": int(c), "share": round(c / total, 3),
+             "share_while_all_backlogged": round(contended.get(t, 0) / total_c, 3),
+             "weighted_share": round(weights.get(t, 1.0) / weight_total, 3)} for t, c in sorted(whole.items())]
 
 
 def pool_utilization(port: int, pools: list[str], since_s: float, until_s: float) -> list[dict[str, Any]]:

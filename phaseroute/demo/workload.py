@@ -18,7 +18,12 @@ QUESTIONS = (
 CONTEXT = ("The railway reached the town in 1870. Within ten years the population doubled, the market moved beside "
            "the station, and the old coaching inn closed. ")
 
-TENANTS = {"flood-co": {"weight": 1}, "acme": {"weight": 2}, "globex": {"weight": 1}}
+# in-flight caps bound what one tenant holds of the fleet's ~24 concurrent slots
+TENANTS = {
+    "flood-co": {"weight": 1, "max_in_flight": 8},
+    "acme": {"weight": 2, "max_in_flight": 12},
+    "globex": {"weight": 1, "max_in_flight": 8},
+}
 
 
 @dataclass(frozen=True)
