@@ -262,7 +262,7 @@ class ControlPlane:
         history = list(req["history"]) + [{"phase": "prefill", "attempt": attempt, "pool": decision.prefill_pool,
                                            "started_at": now}]
         self.requests[rid] = dict(
-            req, status="dispatched", attempt=attempt + 1, attempt_id=prefill_id if decision.colocated else prefill_id,
+            req, status="dispatched", attempt=attempt + 1, attempt_id=prefill_id,
             decode_attempt_id=decode_id, prefill_pool=decision.prefill_pool, decode_pool=decision.decode_pool,
             colocated=decision.colocated, dispatched_at=now, started_at=now, phase="prefill", kv=None, history=history,
         )
