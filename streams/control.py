@@ -121,7 +121,7 @@ class ControlPlane:
             max_output_tokens=max((p.max_tokens for p in prompts), default=int(job["sampling"]["max_tokens"])),
             deadline=job["deadline"] / 1000, quality_tier=QualityTier(job["quality_tier"].lower()),
             quality_tolerance=job.get("quality_tolerance") or 0.0, priority=job["priority"],
-            custom_ids=tuple(p.custom_id for p in prompts),
+            custom_ids=tuple(p.custom_id for p in prompts), output_tokens=tuple(p.max_tokens for p in prompts),
         )
         if job["sampling"].get("temperature", 0.0) > 0:
             return self._reject(entry, (

@@ -46,9 +46,19 @@ class JobSpec:
     quality_tolerance: float = 0.0
     priority: int = 0
     custom_ids: tuple[str, ...] = ()  # the client's id per prompt; empty: "0", "1", ...
+    output_tokens: tuple[int, ...] = ()
+    """Output cap per prompt (each request's own max_tokens); empty: ``max_output_tokens`` for
+    every prompt. Admission, quotas and the router then count what each request may generate."""
 
     def custom_id(self, index: int) -> str:
         return self.custom_ids[index] if self.custom_ids else str(index)
+
+    def output_cap(self, index: int) -> int:
+        return self.output_tokens[index] if self.output_tokens else self.max_output_tokens
+
+    def total_output_tokens(self) -> int:
+        """The most output tokens the whole job may generate."""
+        return sum(self.output_tokens) if self.output_tokens else self.max_output_tokens * len(self.prompt_tokens)
 
 
 @dataclass(frozen=True)
@@ -77,7 +87,7 @@ class AdmissionConfig:
     safety_factor: float = 1.2
     """Work estimates are multiplied by this (prefill and decode assumed not to overlap, plus margin)."""
     expected_output_fraction: float = 1.0
-    """Output tokens expected per request, as a fraction of max_output_tokens."""
+    """Output tokens expected per request, as a fraction of its output cap."""
 
     def __post_init__(self) -> None:
         _checks.at_least("AdmissionConfig", "safety_factor", self.safety_factor, 1.0)
@@ -126,7 +136,7 @@ def split_job(job: JobSpec) -> tuple[RequestWork, ...]:
             job.tenant,
             job.model,
             tokens,
-            job.max_output_tokens,
+            job.output_cap(i),
             job.deadline,
             job.quality_tier,
             job.quality_tolerance,
@@ -142,6 +152,13 @@ def _malformed(job: JobSpec) -> str | None:
             return f"{name} must be a non-empty string, got {value!r}"
     if not isinstance(job.max_output_tokens, int) or job.max_output_tokens < 1:
         return f"max_output_tokens must be an integer >= 1, got {job.max_output_tokens!r}"
+    if job.output_tokens:
+        if not isinstance(job.output_tokens, (tuple, list)) or len(job.output_tokens) != len(job.prompt_tokens):
+            return (f"output_tokens must give one cap per prompt ({len(job.prompt_tokens)}),"
+                    f" got {len(job.output_tokens) if isinstance(job.output_tokens, (tuple, list)) else job.output_tokens!r}")
+        bad = next((i for i, n in enumerate(job.output_tokens) if not isinstance(n, int) or n < 1), None)
+        if bad is not None:
+            return f"output_tokens[{bad}] must be an integer >= 1, got {job.output_tokens[bad]!r}"
     if not isinstance(job.prompt_tokens, (tuple, list)):
         return f"prompt_tokens must be a list of token counts, got {type(job.prompt_tokens).__name__}"
     for i, tokens in enumerate(job.prompt_tokens):
@@ -169,13 +186,14 @@ def _validate(job: JobSpec, models: Mapping[str, ModelSpec], now: float) -> Reje
     spec = models.get(job.model)
     if spec is None:
         return Rejected(job.job_id, RejectCode.UNKNOWN_MODEL, f"unknown model {job.model!r}; known: {sorted(models)}")
-    longest = max(range(len(job.prompt_tokens)), key=lambda i: job.prompt_tokens[i])
-    if job.prompt_tokens[longest] + job.max_output_tokens > spec.context_tokens:
-        allowed = spec.context_tokens - job.max_output_tokens
+    longest = max(range(len(job.prompt_tokens)), key=lambda i: job.prompt_tokens[i] + job.output_cap(i))
+    cap = job.output_cap(longest)
+    if job.prompt_tokens[longest] + cap > spec.context_tokens:
+        allowed = spec.context_tokens - cap
         return Rejected(
             job.job_id,
             RejectCode.PROMPT_TOO_LONG,
-            f"prompt {longest} has {job.prompt_tokens[longest]} tokens + max_output_tokens {job.max_output_tokens}"
+            f"prompt {longest} has {job.prompt_tokens[longest]} tokens + max_output_tokens {cap}"
             f" > context {spec.context_tokens} of {job.model!r}; prompts may have at most {max(allowed, 0)} tokens"
             f" at this max_output_tokens",
         )
@@ -262,9 +280,9 @@ def admit(
     if invalid is not None:
         return invalid
     prefill = sum(job.prompt_tokens)
-    decode = config.expected_output_fraction * job.max_output_tokens * len(job.prompt_tokens)
+    decode = config.expected_output_fraction * job.total_output_tokens()
     quota = quotas.get(job.tenant, config.default_quota)
-    over = _check_quota(job, backlog, quota, prefill + job.max_output_tokens * len(job.prompt_tokens))
+    over = _check_quota(job, backlog, quota, prefill + job.total_output_tokens())
     if over is not None:
         return over
     rates = _Rates(list(pools), profiles, now, config)

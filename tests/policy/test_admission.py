@@ -72,6 +72,14 @@ def decide(mk, j, backlog=(), quotas=None, config=CONFIG, models=MODELS):
             " prompts may have at most 1948 tokens",
         ),
         (dict(deadline=NOW), RejectCode.DEADLINE_PASSED, "deadline 1000.0 is not after now (1000.0)"),
+        (dict(output_tokens=(5, 5)), RejectCode.MALFORMED, "output_tokens must give one cap per prompt (10), got 2"),
+        (dict(output_tokens=(5,) * 9 + (0,)), RejectCode.MALFORMED, "output_tokens[9] must be an integer >= 1, got 0"),
+        (
+            # the per-prompt cap decides: prompt 1 is short but may generate 1,500 tokens
+            dict(prompt_tokens=(1000, 600), output_tokens=(10, 1500), max_output_tokens=1500),
+            RejectCode.PROMPT_TOO_LONG,
+            "prompt 1 has 600 tokens + max_output_tokens 1500 > context 2048",
+        ),
     ],
 )
 def test_validation_reasons(mk, spec, code, needle):
@@ -93,6 +101,16 @@ def test_admitted_job_is_split_into_requests(mk):
         NOW + 60,
         0.1,
     )
+
+
+def test_per_prompt_output_caps_size_the_work_and_the_requests(mk):
+    """Ten prompts capped at 10..100 output tokens (550 in all, not 10 x 100): 1 s of prefill +
+    0.55 s of decode, and each request carries its own cap to the router."""
+    caps = tuple(range(10, 101, 10))
+    verdict = decide(mk, job(output_tokens=caps, deadline=NOW + 60))
+    assert isinstance(verdict, Admitted)
+    assert verdict.work_s == pytest.approx(1.55)
+    assert tuple(r.max_output_tokens for r in verdict.requests) == caps
 
 
 @pytest.mark.parametrize(
