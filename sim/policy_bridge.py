@@ -40,8 +40,8 @@ class PhaserouteOptions:
     admit_jobs: bool = True                      # False: admit everything (ablation)
     quota: P.TenantQuota = field(default_factory=lambda: P.TenantQuota(None, None))
     heartbeat_s: float = 1.0                     # free KV memory and failures are as of the last heartbeat
-    free_kv: str = "sum"                         # PoolState.free_kv_bytes: "sum" over alive workers (as the
-    #                                              live pool view, streams/views.py) or "max_worker" (largest single worker)
+    per_worker_kv: bool = True                   # PoolState.worker_free_kv_bytes: the roomiest worker's free KV,
+    #                                              as the live pool view reports it (False: only the pool's sum; ablation)
 
 
 def _aggregates_from_perf(perf: InstancePerf, pool: str, model: str, variant: str, now: float,
@@ -91,7 +91,9 @@ class PhaserouteDriver:
         self.history: dict[int, list] = {}
         self.hb_t = -math.inf
         self.hb_free_kv = [0.0] * len(sim.pools)
+        self.hb_worker_kv: list[float | None] = [None] * len(sim.pools)
         self.hb_failures = [0] * len(sim.pools)
+        self._pool_cache: list[tuple[tuple, P.PoolState] | None] = [None] * len(sim.pools)
         rows = []
         for p in sim.pools:
             s = p.spec
@@ -108,28 +110,41 @@ class PhaserouteDriver:
 
     # ------------------------------------------------------------------ views
     def _heartbeat(self, now: float) -> None:
-        """Free KV summed over the pool's alive workers, as the live pool view aggregates
-        the workers' heartbeats (streams/views.py)."""
+        """Free KV summed over the pool's alive workers and the roomiest worker's, as the live
+        pool view aggregates the workers' heartbeats (streams/views.py)."""
         self.hb_t = now
         for i, p in enumerate(self.sim.pools):
             cap = p.spec.perf.kv_capacity
-            free = [cap - inst.kv_used for inst in p.instances if inst.alive]
-            self.hb_free_kv[i] = sum(free) if self.opt.free_kv == "sum" else max(free, default=0.0)
+            free = [max(cap - inst.kv_used, 0.0) for inst in p.instances if inst.alive]
+            self.hb_free_kv[i] = sum(free)
+            self.hb_worker_kv[i] = max(free, default=0.0) if self.opt.per_worker_kv else None
             self.hb_failures[i] = sum(1 for t in p.failure_times if now - t < 600.0)
 
     def pool_states(self, now: float) -> list:
+        """Each pool as the live pool view reports it: free KV and failures as of the last
+        heartbeat (``last_heartbeat``), queues and in-flight counts as of now. A pool whose
+        numbers did not change since the last call keeps its PoolState object (routing one
+        request changes one pool's queue; the other pools are asked about again at once)."""
         if now - self.hb_t >= self.opt.heartbeat_s:
             self._heartbeat(now)
         out = []
+        cache = self._pool_cache
         for i, p in enumerate(self.sim.pools):
+            key = (p.alive, p.alive_instances, self.hb_free_kv[i], len(p.q_pre) + len(p.q_dec),
+                   p.q_pre_tokens + p.q_dec_tokens, p.running, self.hb_failures[i], self.hb_t, self.hb_worker_kv[i])
+            hit = cache[i]
+            if hit is not None and hit[0] == key:
+                out.append(hit[1])
+                continue
             spec = p.spec
-            out.append(P.PoolState(
-                name=spec.name, alive=p.alive, phases=self.phases[i], models=self.models[i], variant=spec.variant,
-                workers=p.alive_instances, max_batch=spec.perf.max_batch, free_kv_bytes=max(self.hb_free_kv[i], 0.0),
-                queue_requests=len(p.q_pre) + len(p.q_dec), queue_tokens=p.q_pre_tokens + p.q_dec_tokens,
-                in_flight=p.running, recent_failures=self.hb_failures[i], last_heartbeat=now,
-                price_per_hour=spec.cost_per_hour,
-            ))
+            state = P.PoolState(
+                name=spec.name, alive=key[0], phases=self.phases[i], models=self.models[i], variant=spec.variant,
+                workers=key[1], max_batch=spec.perf.max_batch, free_kv_bytes=max(key[2], 0.0),
+                queue_requests=key[3], queue_tokens=key[4], in_flight=key[5], recent_failures=key[6],
+                last_heartbeat=self.hb_t, price_per_hour=spec.cost_per_hour, worker_free_kv_bytes=key[8],
+            )
+            cache[i] = (key, state)
+            out.append(state)
         return out
 
     def _fleet_cost_rate(self, now: float) -> float | None:
@@ -156,9 +171,9 @@ class PhaserouteDriver:
         job_id = f"j{j}"
         deadline = float(w.job_deadline[j])
         tier = P.QualityTier(tenant.quality)
+        spec = P.JobSpec(job_id, tenant.name, tenant.model, prompts, max(outputs), deadline, tier, 0.0,
+                         tenant.priority, output_tokens=tuple(outputs))
         if self.opt.admit_jobs:
-            spec = P.JobSpec(job_id, tenant.name, tenant.model, prompts, max(1, math.ceil(sum(outputs) / count)),
-                             deadline, tier, 0.0, tenant.priority)
             backlog = [P.BacklogJob(f"j{k}", w.tenants[int(w.job_tenant[k])].name,
                                     w.tenants[int(w.job_tenant[k])].model, float(w.job_deadline[k]), v[0], v[1])
                        for k, v in self.jobs_left.items()]
@@ -166,11 +181,11 @@ class PhaserouteDriver:
                               {}, replace(self.opt.admission, default_quota=self.opt.quota), now)
             if isinstance(verdict, P.Rejected):
                 return f"{verdict.code.value}: {verdict.reason}"
+            requests = verdict.requests
+        else:
+            requests = P.split_job(spec)
         self.jobs_left[j] = [sum(prompts), sum(outputs)]
-        for i in range(count):
-            rid = first + i
-            rw = P.RequestWork(P.request_id(job_id, str(i)), job_id, tenant.name, tenant.model, prompts[i],
-                               outputs[i], deadline, tier)
+        for rid, rw in enumerate(requests, start=first):
             self.work[rid] = rw
             self.rid_of[rw.request_id] = rid
             self.scheduler.enqueue(rw, now)

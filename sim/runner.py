@@ -21,14 +21,14 @@ from phaseroute.sim.policy_bridge import PhaserouteDriver, PhaserouteOptions
 from phaseroute.sim.workload import Workload, WorkloadSpec, build_workload, load_workload_spec
 
 POLICIES = ("phaseroute", "static-spec", "rr", "jsq", "split")
-EXTRA_POLICIES = ("phaseroute-maxkv",)   # variants run only when named
+EXTRA_POLICIES = ("phaseroute-poolkv",)   # variants run only when named
 
 
 def make_driver(name: str):
     if name == "phaseroute":
         return PhaserouteDriver(PhaserouteOptions())
-    if name == "phaseroute-maxkv":      # sensitivity: free KV of the largest single worker instead of the pool sum
-        return PhaserouteDriver(PhaserouteOptions(free_kv="max_worker"), name=name)
+    if name == "phaseroute-poolkv":     # ablation: the router sees only the pool's summed free KV, not per worker
+        return PhaserouteDriver(PhaserouteOptions(per_worker_kv=False), name=name)
     if name == "static-spec":
         return PhaserouteDriver(PhaserouteOptions(profiles="datasheet"))
     if name in BASELINES:

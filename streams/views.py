@@ -139,6 +139,7 @@ class PoolView:
                 models=frozenset(m for b in beats for m in b["models"]), variant=newest["variant"],
                 workers=len(alive), max_batch=max(b["max_batch"] for b in beats) or 1,
                 free_kv_bytes=sum(b["kv_free_bytes"] for b in alive),
+                worker_free_kv_bytes=max((b["kv_free_bytes"] for b in alive), default=None),
                 queue_requests=sum(b["consumer_lag"] for b in alive), in_flight=in_flight.get(pool, 0),
                 recent_failures=failures.get(pool, 0), last_heartbeat=newest["at"] / 1000,
                 price_per_hour=(prices or {}).get(pool),

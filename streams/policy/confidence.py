@@ -12,7 +12,7 @@ prior instead of being trusted forever. Links blend the same way toward a config
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 
 from . import _checks
 from .types import SOURCE_PRIORITY, CurvePoint, LinkProfile, Phase, ProfileRow, ProfileSource, ProfileTable
@@ -33,7 +33,13 @@ class ConfidenceConfig:
     link_prior_latency_s: float = 0.01
     """Assumed fixed cost of one KV transfer on a link never measured."""
 
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        return self._hash  # the router hashes its config into cache keys on every lookup
+
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare)))
         owner = "ConfidenceConfig"
         _checks.positive(owner, "samples_scale", self.samples_scale)
         _checks.positive(owner, "telemetry_half_life_s", self.telemetry_half_life_s, allow_inf=True)

@@ -14,12 +14,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .confidence import ConfidenceConfig, effective_profile
 from .types import LinkProfile, PathEstimate, Phase, PoolState, ProfileRow, ProfileTable, RequestWork
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PhaseOption:
     """A pool that passed the filters for one phase, with the effective row the estimate uses."""
 
@@ -57,6 +58,11 @@ def queue_wait(pool: PoolState, row: ProfileRow, request_tokens: int) -> float:
     return queued / capacity
 
 
+def free_kv_for_one(pool: PoolState) -> float:
+    """KV memory one request can use on ``pool``: the roomiest worker's when known, else the pool's."""
+    return pool.free_kv_bytes if pool.worker_free_kv_bytes is None else pool.worker_free_kv_bytes
+
+
 def kv_need_bytes(request: RequestWork, row: ProfileRow, phase: Phase) -> float:
     """KV memory the request holds on a pool: the prompt for prefill, prompt + output for decode."""
     tokens = request.prompt_tokens if phase is Phase.PREFILL else request.total_tokens
@@ -74,18 +80,41 @@ def _dollars(pool: PoolState, seconds: float, batch: int) -> float | None:
     return per_worker_s * seconds / batch
 
 
+class PhaseCost(NamedTuple):
+    """One phase of one request on one pool: computed once per decision and shared by every
+    path through that pool (so a decision over P prefill and D decode pools costs P + D of
+    these, and each of the P x D paths only adds them up). A named tuple: it is built for
+    every pool of every request."""
+
+    option: PhaseOption
+    wait_s: float  # behind the pool's queue
+    service_s: float  # the request's share of its batch
+    dollars: float | None  # None when the pool has no price
+    headroom: float  # KV memory headroom after the request's need (``_headroom``)
+
+    @property
+    def seconds(self) -> float:
+        return self.wait_s + self.service_s
+
+
+def phase_cost(request: RequestWork, option: PhaseOption) -> PhaseCost:
+    """Queue wait, service seconds, dollars and memory headroom of the request's phase on the option's pool."""
+    pool, row = option.pool, option.row
+    tokens = request.prompt_tokens if option.phase is Phase.PREFILL else request.max_output_tokens
+    batch = join_batch(pool)
+    service_s = service_time(row, tokens, batch)
+    return PhaseCost(
+        option=option,
+        wait_s=queue_wait(pool, row, tokens),
+        service_s=service_s,
+        dollars=_dollars(pool, service_s, batch),
+        headroom=_headroom(kv_need_bytes(request, row, option.phase), free_kv_for_one(pool)),
+    )
+
+
 def phase_seconds(request: RequestWork, option: PhaseOption) -> float:
     """Queue wait + service of the request's phase on the option's pool (transfer excluded)."""
-    tokens = request.prompt_tokens if option.phase is Phase.PREFILL else request.max_output_tokens
-    batch = join_batch(option.pool)
-    return queue_wait(option.pool, option.row, tokens) + service_time(option.row, tokens, batch)
-
-
-def phase_dollars(request: RequestWork, option: PhaseOption) -> float | None:
-    """Dollars of the request's phase on the option's pool, None when the pool has no price."""
-    tokens = request.prompt_tokens if option.phase is Phase.PREFILL else request.max_output_tokens
-    batch = join_batch(option.pool)
-    return _dollars(option.pool, service_time(option.row, tokens, batch), batch)
+    return phase_cost(request, option).seconds
 
 
 def _headroom(need: float, free: float) -> float:
@@ -94,43 +123,44 @@ def _headroom(need: float, free: float) -> float:
     return 0.0 if free <= 0 else min(1.0, max(0.0, 1.0 - need / free))
 
 
-def estimate_path(
-    request: RequestWork, prefill: PhaseOption, decode: PhaseOption, link: LinkProfile | None
-) -> PathEstimate:
-    """Estimate one placement; ``link`` is ignored (and may be None) when the path is colocated."""
-    a, b = prefill.pool, decode.pool
+def combine(request: RequestWork, prefill: PhaseCost, decode: PhaseCost, link: LinkProfile | None) -> PathEstimate:
+    """The estimate of prefill on ``prefill``'s pool and decode on ``decode``'s: a colocated
+    path queues once and moves no KV; a disaggregated one adds the transfer over ``link`` and
+    the decode pool's queue. ``link`` is ignored (and may be None) when the path is colocated."""
+    a, b = prefill.option.pool, decode.option.pool
+    row_p, row_d = prefill.option.row, decode.option.row
     colocated = a.name == b.name
-    batch_p, batch_d = join_batch(a), join_batch(b)
-    prefill_s = service_time(prefill.row, request.prompt_tokens, batch_p)
-    decode_s = service_time(decode.row, request.max_output_tokens, batch_d)
-    kv_bytes = request.prompt_tokens * prefill.row.kv_bytes_per_token
+    kv_bytes = request.prompt_tokens * row_p.kv_bytes_per_token
     if colocated:
-        transfer_s, decode_wait = 0.0, 0.0
+        transfer_s, decode_wait, headroom = 0.0, 0.0, decode.headroom
     else:
         if link is None:
             raise ValueError(f"estimate_path: a link profile is needed for {a.name} -> {b.name}")
         transfer_s = transfer_time(link, kv_bytes)
-        decode_wait = queue_wait(b, decode.row, request.max_output_tokens)
-    cost_p, cost_d = _dollars(a, prefill_s, batch_p), _dollars(b, decode_s, batch_d)
-    need_d = kv_need_bytes(request, decode.row, Phase.DECODE)
-    headroom = _headroom(need_d, b.free_kv_bytes)
-    if not colocated:
-        headroom = min(headroom, _headroom(kv_need_bytes(request, prefill.row, Phase.PREFILL), a.free_kv_bytes))
+        decode_wait, headroom = decode.wait_s, min(decode.headroom, prefill.headroom)
+    cost_p, cost_d = prefill.dollars, decode.dollars
     return PathEstimate(
         prefill_pool=a.name,
         decode_pool=b.name,
-        prefill_wait_s=queue_wait(a, prefill.row, request.prompt_tokens),
-        prefill_s=prefill_s,
+        prefill_wait_s=prefill.wait_s,
+        prefill_s=prefill.service_s,
         transfer_s=transfer_s,
         decode_wait_s=decode_wait,
-        decode_s=decode_s,
+        decode_s=decode.service_s,
         kv_bytes=0.0 if colocated else kv_bytes,
         cost=None if cost_p is None or cost_d is None else cost_p + cost_d,
-        quality=prefill.row.quality_score * decode.row.quality_score,
-        success_prob=(1.0 - prefill.row.error_rate) * (1.0 - decode.row.error_rate),
+        quality=row_p.quality_score * row_d.quality_score,
+        success_prob=(1.0 - row_p.error_rate) * (1.0 - row_d.error_rate),
         memory_headroom=headroom,
-        stall_s=prefill_s * a.in_flight if a.serves(Phase.DECODE) else 0.0,
+        stall_s=prefill.service_s * a.in_flight if Phase.DECODE in a.phases else 0.0,
     )
+
+
+def estimate_path(
+    request: RequestWork, prefill: PhaseOption, decode: PhaseOption, link: LinkProfile | None
+) -> PathEstimate:
+    """Estimate one placement; ``link`` is ignored (and may be None) when the path is colocated."""
+    return combine(request, phase_cost(request, prefill), phase_cost(request, decode), link)
 
 
 def fleet_tokens_per_s(

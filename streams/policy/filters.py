@@ -8,6 +8,7 @@ or the quality canaries measured on the path (``quality.path_quality``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ from .router_config import RouterConfig
 from .types import PathEstimate, PathQuality, Phase, PoolState, ProfileTable, QualityTier, RequestWork
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FilterInput:
     request: RequestWork
     pool: PoolState
@@ -83,11 +84,17 @@ def quality(x: FilterInput) -> str | None:
 
 
 def memory(x: FilterInput) -> str | None:
+    """The request's KV must fit in the pool's free memory, and on one worker when the pool
+    view knows its workers' free memory (a pool of many half-full workers cannot take a
+    sequence bigger than any one of them has left)."""
     assert x.profile is not None
     need = kv_need_bytes(x.request, x.profile.row, x.phase)
-    if need <= x.pool.free_kv_bytes:
-        return None
-    return f"needs {need:.0f} KV bytes, {x.pool.free_kv_bytes:.0f} free"
+    if need > x.pool.free_kv_bytes:
+        return f"needs {need:.0f} KV bytes, {x.pool.free_kv_bytes:.0f} free"
+    worker_free = x.pool.worker_free_kv_bytes
+    if worker_free is not None and need > worker_free:
+        return f"needs {need:.0f} KV bytes on one worker, at most {worker_free:.0f} free on any worker"
+    return None
 
 
 def not_avoided(x: FilterInput) -> str | None:
@@ -108,12 +115,16 @@ POOL_FILTERS: tuple[tuple[str, Filter], ...] = (
 )
 
 
+@functools.lru_cache(maxsize=16)
+def _filters_without(skip: frozenset[str]) -> tuple[tuple[str, Filter], ...]:
+    return tuple((name, check) for name, check in POOL_FILTERS if name not in skip)
+
+
 def first_rejection(x: FilterInput, *, skip: frozenset[str] = frozenset()) -> str | None:
-    for name, check in POOL_FILTERS:
-        if name not in skip:
-            reason = check(x)
-            if reason is not None:
-                return f"{name}: {reason}"
+    for name, check in _filters_without(skip):
+        reason = check(x)
+        if reason is not None:
+            return f"{name}: {reason}"
     return None
 
 

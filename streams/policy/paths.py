@@ -7,66 +7,65 @@ queue + service seconds, and by its dollars when pools carry prices) are built, 
 every other eligible pool, one pair with the best partner, so each pool still appears in some
 path (exploration and the anti-herding budget need that). The best pair is kept unless a pool
 outside both top-K lists would win only through a far better link, which links rarely make up.
+
+The inputs are per-phase costs (``cost_model.PhaseCost``), computed once per pool and phase.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from .cost_model import PhaseOption, phase_dollars, phase_seconds
+from .cost_model import PhaseCost
 from .router_config import RouterConfig
-from .types import RequestWork
 
-Pair = tuple[PhaseOption, PhaseOption]
-
-
-def _top(options: list[PhaseOption], key: Callable[[PhaseOption], float | None], k: int) -> list[PhaseOption]:
-    scored = [(v, o.pool.name, o) for o in options if (v := key(o)) is not None]
-    return [o for _, _, o in sorted(scored, key=lambda t: (t[0], t[1]))[:k]]
+Pair = tuple[PhaseCost, PhaseCost]
 
 
-def _shortlist(request: RequestWork, options: list[PhaseOption], k: int) -> dict[str, PhaseOption]:
-    def seconds(o: PhaseOption) -> float:
-        return phase_seconds(request, o)
-
-    def dollars(o: PhaseOption) -> float | None:
-        return phase_dollars(request, o)
-
-    chosen = _top(options, seconds, k) + _top(options, dollars, k)
-    return {o.pool.name: o for o in chosen}
+def _name(c: PhaseCost) -> str:
+    return c.option.pool.name
 
 
-def candidate_pairs(
-    request: RequestWork, prefill: list[PhaseOption], decode: list[PhaseOption], config: RouterConfig
-) -> list[Pair]:
-    """(prefill option, decode option) pairs to estimate, colocated ones first, without duplicates."""
-    by_decode = {o.pool.name: o for o in decode}
-    pairs: dict[tuple[str, str], Pair] = {}
-    for p in prefill:
-        if p.pool.name in by_decode:
-            pairs[(p.pool.name, p.pool.name)] = (p, by_decode[p.pool.name])
+def _top(costs: list[PhaseCost], key: Callable[[PhaseCost], float | None], k: int) -> list[PhaseCost]:
+    scored = [(v, _name(c), c) for c in costs if (v := key(c)) is not None]
+    return [c for _, _, c in sorted(scored, key=lambda t: (t[0], t[1]))[:k]]
+
+
+def _shortlist(costs: list[PhaseCost], k: int) -> dict[str, PhaseCost]:
+    chosen = _top(costs, lambda c: c.seconds, k) + _top(costs, lambda c: c.dollars, k)
+    return {_name(c): c for c in chosen}
+
+
+def candidate_pairs(prefill: list[PhaseCost], decode: list[PhaseCost], config: RouterConfig) -> list[Pair]:
+    """(prefill cost, decode cost) pairs to estimate, colocated ones first, without duplicates."""
+    by_prefill = {_name(c): c for c in prefill}
+    by_decode = {_name(c): c for c in decode}
+    pairs: dict[tuple[str, str], Pair] = {
+        (name, name): (p, by_decode[name]) for name, p in by_prefill.items() if name in by_decode
+    }
     if not config.allow_disaggregation:
         return list(pairs.values())
     k = config.disaggregation_candidates
     if k == 0 or (len(prefill) <= k and len(decode) <= k):
-        top_p, top_d = {o.pool.name: o for o in prefill}, dict(by_decode)
+        top_p, top_d = by_prefill, by_decode
     else:
-        top_p, top_d = _shortlist(request, prefill, k), _shortlist(request, decode, k)
-    for p in top_p.values():
-        for d in top_d.values():
-            if p.pool.name != d.pool.name:
-                pairs.setdefault((p.pool.name, d.pool.name), (p, d))
+        top_p, top_d = _shortlist(prefill, k), _shortlist(decode, k)
+    for a, p in top_p.items():
+        for b, d in top_d.items():
+            if a != b:
+                pairs.setdefault((a, b), (p, d))
+    if top_p is by_prefill and top_d is by_decode:
+        return list(pairs.values())  # every pair is built: every pool is covered
     covered = {name for key in pairs for name in key}
-    best_p = sorted(top_p.values(), key=lambda o: (phase_seconds(request, o), o.pool.name))
-    best_d = sorted(top_d.values(), key=lambda o: (phase_seconds(request, o), o.pool.name))
-    for p in prefill:
-        if p.pool.name not in covered:
-            partner = next((d for d in best_d if d.pool.name != p.pool.name), None)
+    best_p = sorted(top_p.values(), key=lambda c: (c.seconds, _name(c)))
+    best_d = sorted(top_d.values(), key=lambda c: (c.seconds, _name(c)))
+    for a, p in by_prefill.items():
+        if a not in covered:
+            partner = next((d for d in best_d if _name(d) != a), None)
             if partner is not None:
-                pairs.setdefault((p.pool.name, partner.pool.name), (p, partner))
-    for d in decode:
-        if d.pool.name not in covered:
-            partner = next((p for p in best_p if p.pool.name != d.pool.name), None)
+                pairs.setdefault((a, _name(partner)), (p, partner))
+    for b, d in by_decode.items():
+        if b not in covered:
+            partner = next((p for p in best_p if _name(p) != b), None)
             if partner is not None:
-                pairs.setdefault((partner.pool.name, d.pool.name), (partner, d))
+                pairs.setdefault((_name(partner), b), (partner, d))
     return list(pairs.values())

@@ -23,24 +23,25 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .confidence import effective_link
-from .cost_model import estimate_path
+from .cost_model import combine, phase_cost
 from .filters import path_filter, phase_options
 from .paths import candidate_pairs
 from .quality import path_quality
 from .router_config import RouterConfig
 from .router_state import RouterState
-from .scorers import FieldStats, ScoreInput, score_path
+from .scorers import ScoreInput, parts_of, score_paths
 from .types import NoPlacement, PathEstimate, Phase, PoolState, ProfileTable, RequestWork, RoutingDecision
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Scored:
     estimate: PathEstimate
     score: float
-    parts: tuple[tuple[str, float], ...]
+    index: int  # position in the decision's score columns (``scorers.parts_of``)
+    total_s: float
 
 
 def _candidates(
@@ -56,18 +57,20 @@ def _candidates(
     dec, rejected_d = phase_options(request, pools, profiles, Phase.DECODE, now, config, skip=skip)
     rejected += rejected_d
     paths = []
-    for p, d in candidate_pairs(request, pre, dec, config):
-        colocated = p.pool.name == d.pool.name
-        link = None if colocated else effective_link(profiles, p.pool.name, d.pool.name, now, config.confidence)
-        estimate = estimate_path(request, p, d, link)
-        measured = path_quality(profiles, request.model, p.pool.name, d.pool.name, now)
+    pre_costs = [phase_cost(request, o) for o in pre]
+    dec_costs = [phase_cost(request, o) for o in dec]
+    for p, d in candidate_pairs(pre_costs, dec_costs, config):
+        src, dst = p.option.pool.name, d.option.pool.name
+        link = None if src == dst else effective_link(profiles, src, dst, now, config.confidence)
+        estimate = combine(request, p, d, link)
+        measured = path_quality(profiles, request.model, src, dst, now)
         if measured is not None:
-            estimate = replace(estimate, quality=measured.score)
+            estimate = estimate._replace(quality=measured.score)
         reason = path_filter(request, estimate, config, measured)
         if reason is None:
             paths.append(estimate)
         else:
-            rejected.append((f"{p.pool.name}->{d.pool.name}", reason))
+            rejected.append((f"{src}->{dst}", reason))
     return paths, rejected
 
 
@@ -92,20 +95,18 @@ def _reason(chosen: _Scored, ranked: list[_Scored], explored: bool, passed_over:
     return text
 
 
-def _within_budget(e: PathEstimate, model: str, state: RouterState, config: RouterConfig) -> bool:
-    return state.within_budget(model, Phase.PREFILL, e.prefill_pool, config) and (
-        state.within_budget(model, Phase.DECODE, e.decode_pool, config)
-    )
 
 
 def _rank(scored: list[_Scored], model: str, state: RouterState) -> list[_Scored]:
     """Best score first; equal scores (to 1e-9, so float noise cannot herd) go to the pool owed
     the most traffic share, then to the shorter estimate, then by name."""
 
+    credit_p = {a: state.credit(model, Phase.PREFILL, a) for a in {s.estimate.prefill_pool for s in scored}}
+    credit_d = {b: state.credit(model, Phase.DECODE, b) for b in {s.estimate.decode_pool for s in scored}}
+
     def key(s: _Scored) -> tuple[float, float, float, str, str]:
-        e = s.estimate
-        owed = state.credit(model, Phase.PREFILL, e.prefill_pool) + state.credit(model, Phase.DECODE, e.decode_pool)
-        return (-round(s.score, 9), -owed, e.total_s, e.prefill_pool, e.decode_pool)
+        a, b = s.estimate.prefill_pool, s.estimate.decode_pool
+        return (-round(s.score, 9), -(credit_p[a] + credit_d[b]), s.total_s, a, b)
 
     return sorted(scored, key=key)
 
@@ -118,8 +119,15 @@ def _pick(
     if draw < config.exploration_share and len(explorable) > 1:
         target = explorable[rng.randrange(len(explorable))]
         return next(s for s in ranked if target in (s.estimate.prefill_pool, s.estimate.decode_pool)), True, 0
+    budget: dict[tuple[Phase, str], bool] = {}  # a pool appears in several paths: ask the state once
+
+    def within(phase: Phase, pool: str) -> bool:
+        if (phase, pool) not in budget:
+            budget[(phase, pool)] = state.within_budget(model, phase, pool, config)
+        return budget[(phase, pool)]
+
     for i, s in enumerate(ranked):
-        if _within_budget(s.estimate, model, state, config):
+        if within(Phase.PREFILL, s.estimate.prefill_pool) and within(Phase.DECODE, s.estimate.decode_pool):
             return s, False, i
     return ranked[0], False, 0
 
@@ -142,8 +150,9 @@ def route(
     if not paths:
         reason = f"no eligible path for model {request.model!r} among {len(pools)} pool(s)"
         return NoPlacement(request.request_id, reason, tuple(rejected))
-    stats = FieldStats.of(paths)
-    scored = [_Scored(e, *score_path(ScoreInput(e, stats, request, now, config))) for e in paths]
+    x = ScoreInput.of(paths, request, now, config)
+    scores, columns = score_paths(x)
+    scored = [_Scored(e, score, i, total) for i, (e, score, total) in enumerate(zip(paths, scores, x.totals))]
     ranked = _rank(scored, request.model, state)
     chosen, explored, passed_over = _pick(ranked, request.model, state, config, rng, draw)
     e = chosen.estimate
@@ -154,7 +163,7 @@ def route(
         colocated=e.colocated,
         estimated_completion=now + e.total_s,
         estimate=e,
-        scores=chosen.parts,
+        scores=parts_of(columns, chosen.index),
         score=chosen.score,
         explored=explored,
         reason=_reason(chosen, ranked, explored, passed_over),

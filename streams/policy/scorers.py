@@ -3,15 +3,19 @@
 Time and money are scored relative to the best candidate of this decision (best / this), so
 the scores need no units and a path 4x slower than the best scores 0.25. The composite score
 is the weighted mean with the weights of ``RouterConfig.weights`` (names match ``SCORERS``).
+A scorer takes every candidate of the decision at once and returns one value per path (the
+router scores every path of every request, so a column at a time keeps that cheap).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
-from .router_config import RouterConfig
+from .router_config import RouterConfig, ScorerWeights
 from .types import PathEstimate, RequestWork
 
 
@@ -23,18 +27,34 @@ class FieldStats:
     best_cost: float | None  # None when no candidate carries a price
 
     @classmethod
-    def of(cls, estimates: Sequence[PathEstimate]) -> FieldStats:
+    def of(cls, estimates: Sequence[PathEstimate], totals: Sequence[float] | None = None) -> FieldStats:
+        """``totals``: the estimates' ``total_s`` when the caller has them already."""
         costs = [e.cost for e in estimates if e.cost is not None]
-        return cls(min(e.total_s for e in estimates), min(costs) if costs else None)
+        best_total = min(totals) if totals is not None else min(e.total_s for e in estimates)
+        return cls(best_total, min(costs) if costs else None)
 
 
 @dataclass(frozen=True)
 class ScoreInput:
-    estimate: PathEstimate
+    """Every candidate path of one decision: scorers work a column at a time (one value per path)."""
+
+    estimates: Sequence[PathEstimate]
     field: FieldStats
     request: RequestWork
     now: float
     config: RouterConfig
+    totals: Sequence[float] = ()
+    """Each path's ``total_s``, computed once (filled in when not given)."""
+
+    def __post_init__(self) -> None:
+        if len(self.totals) != len(self.estimates):
+            object.__setattr__(self, "totals", [e.total_s for e in self.estimates])
+
+    @classmethod
+    def of(cls, estimates: Sequence[PathEstimate], request: RequestWork, now: float, config: RouterConfig) -> ScoreInput:
+        """The input for scoring ``estimates`` against each other (the field is their own best)."""
+        totals = [e.total_s for e in estimates]
+        return cls(estimates, FieldStats.of(estimates, totals), request, now, config, totals)
 
 
 def _clamp(value: float) -> float:
@@ -42,43 +62,47 @@ def _clamp(value: float) -> float:
 
 
 def _ratio(best: float, value: float) -> float:
+    """best / value (``score_paths`` clamps it); 0 for an infinite value, 1 for a free one."""
     if math.isinf(value):
         return 0.0
-    return 1.0 if value <= 0 else _clamp(best / value)
+    return 1.0 if value <= 0 else best / value
 
 
-def completion(x: ScoreInput) -> float:
-    return _ratio(x.field.best_total_s, x.estimate.total_s)
+def completion(x: ScoreInput) -> list[float]:
+    best = x.field.best_total_s
+    return [_ratio(best, total) for total in x.totals]
 
 
-def cost(x: ScoreInput) -> float:
-    if x.field.best_cost is None:
-        return 1.0  # no pool carries a price: money does not separate the paths
-    if x.estimate.cost is None:
-        return 0.5  # unpriced among priced pools: neither free nor the most expensive
-    return _ratio(x.field.best_cost, x.estimate.cost)
+def cost(x: ScoreInput) -> list[float]:
+    best = x.field.best_cost
+    if best is None:
+        return [1.0] * len(x.estimates)  # no pool carries a price: money does not separate the paths
+    # unpriced among priced pools: neither free nor the most expensive
+    return [0.5 if e.cost is None else _ratio(best, e.cost) for e in x.estimates]
 
 
-def memory(x: ScoreInput) -> float:
-    return _clamp(x.estimate.memory_headroom)
+def memory(x: ScoreInput) -> list[float]:
+    return [e.memory_headroom for e in x.estimates]
 
 
-def failure(x: ScoreInput) -> float:
-    return _clamp(x.estimate.success_prob)
+def failure(x: ScoreInput) -> list[float]:
+    return [e.success_prob for e in x.estimates]
 
 
-def deadline(x: ScoreInput) -> float:
+def deadline(x: ScoreInput) -> list[float]:
     if x.request.deadline is None:
-        return 1.0
-    slack = x.request.deadline - (x.now + x.estimate.total_s)
-    return _clamp(0.5 + slack / (2.0 * x.config.deadline_slack_ref_s))
+        return [1.0] * len(x.estimates)
+    slack_at_now = x.request.deadline - x.now
+    scale = 2.0 * x.config.deadline_slack_ref_s
+    return [0.5 + (slack_at_now - total) / scale for total in x.totals]
 
 
-def stall(x: ScoreInput) -> float:
-    return 1.0 / (1.0 + x.estimate.stall_s / x.config.stall_ref_s)
+def stall(x: ScoreInput) -> list[float]:
+    ref = x.config.stall_ref_s
+    return [1.0 / (1.0 + e.stall_s / ref) for e in x.estimates]
 
 
-Scorer = Callable[[ScoreInput], float]
+Scorer = Callable[[ScoreInput], list[float]]
 
 SCORERS: tuple[tuple[str, Scorer], ...] = (
     ("completion", completion),
@@ -89,13 +113,37 @@ SCORERS: tuple[tuple[str, Scorer], ...] = (
     ("stall", stall),
 )
 
+Columns = tuple[tuple[str, list[float]], ...]
+
+
+@functools.lru_cache(maxsize=64)
+def _active(weights: ScorerWeights) -> tuple[tuple[str, Scorer, float], ...]:
+    """The scorers with a weight > 0, each with its weight normalised so the weights sum to 1."""
+    total = sum(getattr(weights, name) for name, _ in SCORERS if getattr(weights, name) > 0)
+    return tuple((name, fn, getattr(weights, name) / total) for name, fn in SCORERS if getattr(weights, name) > 0)
+
+
+def score_paths(x: ScoreInput) -> tuple[list[float], Columns]:
+    """The weighted mean of every scorer with a weight > 0 for each path (in ``x.estimates``
+    order), and the per-scorer values, clamped to [0, 1], as columns (``parts_of`` picks one path's)."""
+    active = _active(x.config.weights)
+    columns = tuple((name, [v if 0.0 <= v <= 1.0 else _clamp(v) for v in fn(x)]) for name, fn, _ in active)
+    weights = [weight for _, _, weight in active]
+    totals = [sum(map(operator.mul, weights, path)) for path in zip(*(values for _, values in columns))]
+    return totals, columns
+
+
+def parts_of(columns: Columns, i: int) -> tuple[tuple[str, float], ...]:
+    """(scorer, value) for the ``i``-th path of a ``score_paths`` result."""
+    return tuple((name, values[i]) for name, values in columns)
+
 
 def score_path(x: ScoreInput) -> tuple[float, tuple[tuple[str, float], ...]]:
-    """The weighted mean of every scorer with a weight > 0, and the per-scorer values."""
-    weights = x.config.weights
-    parts = tuple((name, _clamp(scorer(x))) for name, scorer in SCORERS if getattr(weights, name) > 0)
-    total_weight = sum(getattr(weights, name) for name, _ in parts)
-    return sum(getattr(weights, name) * value for name, value in parts) / total_weight, parts
+    """``score_paths`` of a single-path input: (weighted mean, per-scorer values)."""
+    if len(x.estimates) != 1:
+        raise ValueError(f"score_path takes one estimate, got {len(x.estimates)}; use score_paths")
+    totals, columns = score_paths(x)
+    return totals[0], parts_of(columns, 0)
 
 
 def _check_registry() -> None:

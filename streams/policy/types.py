@@ -9,10 +9,11 @@ makes them. Validation happens at construction and names the bad value.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from . import _checks
 
@@ -47,7 +48,7 @@ SOURCE_PRIORITY: tuple[ProfileSource, ...] = (ProfileSource.TELEMETRY, ProfileSo
 RowKey = tuple[str, Phase, str, str]  # (model, phase, pool, variant)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CurvePoint:
     """Measured total throughput (tokens/s over the whole batch) at one batch size."""
 
@@ -59,7 +60,7 @@ class CurvePoint:
         _checks.positive("CurvePoint", "tokens_per_s", self.tokens_per_s)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ProfileRow:
     """Measured behaviour of one (model, phase, pool, variant). Confidence is derived, never stored."""
 
@@ -123,7 +124,7 @@ class ProfileRow:
         return lo.tokens_per_s + t * (hi.tokens_per_s - lo.tokens_per_s)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LinkProfile:
     """Measured KV transfer from ``src`` pool to ``dst`` pool."""
 
@@ -142,7 +143,7 @@ class LinkProfile:
         _checks.finite(owner, "updated_at", self.updated_at)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PathQuality:
     """Measured quality of one path for one model: prefill on ``src``, KV moved, decode on
     ``dst`` (colocated when equal), from canaries compared with the reference (drift monitor)."""
@@ -166,7 +167,7 @@ class PathQuality:
         return (self.model, self.src, self.dst)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ProfileTable:
     """Rows by (model, phase, pool, variant) and source; links by (src, dst); measured path
     quality by (model, src, dst)."""
@@ -209,15 +210,21 @@ class ProfileTable:
         """``compute()`` once per ``key`` at time ``now``. The table never changes, so a value
         derived from it at ``now`` never changes either; only the latest ``now`` is kept, so the
         cache stays small while many requests are routed at the same time."""
-        if self._memo_now != [now]:
-            self._memo.clear()
+        memo = self._memo
+        if not self._memo_now or self._memo_now[0] != now:
+            memo.clear()
             self._memo_now[:] = [now]
-        if key not in self._memo:
-            self._memo[key] = compute()
-        return self._memo[key]  # type: ignore[return-value]
+        try:
+            return memo[key]  # type: ignore[return-value]
+        except KeyError:
+            value = memo[key] = compute()
+            return value
 
 
-@dataclass(frozen=True)
+_PLAIN_NUMBERS = (int, float)
+
+
+@dataclass(frozen=True, slots=True)
 class PoolState:
     """What the router knows of a pool now (from heartbeats and consumer lag)."""
 
@@ -235,22 +242,37 @@ class PoolState:
     recent_failures: int = 0
     last_heartbeat: float = 0.0
     price_per_hour: float | None = None  # $ per hour for the whole pool, when known
+    worker_free_kv_bytes: float | None = None
+    """The most KV memory free on any one alive worker (a request's KV lives on one worker, so
+    the pool's sum can hide that no worker has room); None when the pool view does not know."""
 
     def __post_init__(self) -> None:
+        # The router sees a fresh PoolState per pool per decision: check the common (valid) case
+        # in one pass, and name the bad field only when something is off.
+        numbers = (self.workers, self.max_batch, self.free_kv_bytes, self.queue_requests, self.queue_tokens,
+                   self.in_flight, self.recent_failures)
+        optional = (self.price_per_hour, self.worker_free_kv_bytes)
+        if (
+            type(self.name) is str and self.name.strip() and self.max_batch >= 1
+            and all(type(v) in _PLAIN_NUMBERS and 0 <= v < math.inf for v in numbers)
+            and all(v is None or (type(v) in _PLAIN_NUMBERS and 0 <= v < math.inf) for v in optional)
+        ):
+            return
         owner = f"PoolState({self.name})"
         _checks.non_empty("PoolState", "name", self.name)
         _checks.non_negative(owner, "workers", self.workers)
         _checks.at_least(owner, "max_batch", self.max_batch, 1)
         for name in ("free_kv_bytes", "queue_requests", "queue_tokens", "in_flight", "recent_failures"):
             _checks.non_negative(owner, name, getattr(self, name))
-        if self.price_per_hour is not None:
-            _checks.non_negative(owner, "price_per_hour", self.price_per_hour)
+        for name in ("price_per_hour", "worker_free_kv_bytes"):
+            if getattr(self, name) is not None:
+                _checks.non_negative(owner, name, getattr(self, name))
 
     def serves(self, phase: Phase) -> bool:
         return phase in self.phases
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RequestWork:
     """One prompt of a job, as the scheduler and the router see it."""
 
@@ -281,9 +303,11 @@ class RequestWork:
         return self.prompt_tokens + self.max_output_tokens
 
 
-@dataclass(frozen=True)
-class PathEstimate:
-    """The cost model's view of one placement: seconds per stage, KV bytes moved, money, risk."""
+class PathEstimate(NamedTuple):
+    """The cost model's view of one placement: seconds per stage, KV bytes moved, money, risk.
+
+    A named tuple rather than a frozen dataclass: the router builds one per candidate path of
+    every request (16 for four pools), and a tuple is immutable at a third of the cost."""
 
     prefill_pool: str
     decode_pool: str
@@ -308,7 +332,7 @@ class PathEstimate:
         return self.prefill_wait_s + self.prefill_s + self.transfer_s + self.decode_wait_s + self.decode_s
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RoutingDecision:
     """Where a request runs: the prefill pool, the decode pool (the same pool when colocated)."""
 
@@ -327,7 +351,7 @@ class RoutingDecision:
     eligible_decode: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NoPlacement:
     """No pool can take the request now; ``reason`` says why, ``rejected`` per pool."""
 

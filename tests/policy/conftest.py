@@ -62,6 +62,7 @@ def pool(
     alive: bool = True,
     heartbeat: float = NOW,
     price: float | None = None,
+    worker_free_kv: float | None = None,
 ) -> PoolState:
     return PoolState(
         name,
@@ -78,6 +79,7 @@ def pool(
         0,
         heartbeat,
         price,
+        worker_free_kv,
     )
 
 

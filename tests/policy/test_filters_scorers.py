@@ -16,7 +16,7 @@ from phaseroute.streams.policy import (
     join_batch,
     scorers,
 )
-from phaseroute.streams.policy.cost_model import queue_wait
+from phaseroute.streams.policy.cost_model import phase_cost, queue_wait
 
 CFG = RouterConfig()
 
@@ -61,6 +61,13 @@ def run_filter(mk, name, *, pool=None, request=None, phase=Phase.DECODE, profile
         # decode holds prompt + output KV: (512 + 128) x 1000 bytes
         ("memory", {"pool": dict(free_kv=640_000)}, None),
         ("memory", {"pool": dict(free_kv=639_999)}, "needs 640000 KV bytes, 639999 free"),
+        # ten workers with 100 kB free each: 1 MB in all, but no worker holds 640 kB
+        (
+            "memory",
+            {"pool": dict(free_kv=1_000_000, worker_free_kv=100_000)},
+            "needs 640000 KV bytes on one worker, at most 100000 free on any worker",
+        ),
+        ("memory", {"pool": dict(free_kv=1_000_000, worker_free_kv=640_000)}, None),
         ("not_avoided", {"req": dict(avoid=frozenset({"p"}))}, "avoid list"),
         ("not_avoided", {"req": dict(avoid=frozenset({"q"}))}, None),
     ],
@@ -78,6 +85,16 @@ def test_pool_filters(mk, name, setup, needle):
 
 def test_prefill_memory_needs_only_the_prompt(mk):
     assert run_filter(mk, "memory", pool=mk.pool("p", free_kv=512_000), phase=Phase.PREFILL) is None
+
+
+def test_headroom_is_measured_on_the_roomiest_worker_when_known(mk):
+    """The memory scorer's headroom is 1 - need / free on one worker, not on the pool's sum."""
+    row = mk.row("p", Phase.DECODE)
+    req = mk.req()  # decode needs 640 kB
+    summed = mk.pool("p", free_kv=6_400_000)
+    per_worker = mk.pool("p", free_kv=6_400_000, worker_free_kv=1_280_000)
+    assert phase_cost(req, PhaseOption(summed, Phase.DECODE, row, 1.0)).headroom == pytest.approx(0.9)
+    assert phase_cost(req, PhaseOption(per_worker, Phase.DECODE, row, 1.0)).headroom == pytest.approx(0.5)
 
 
 def test_path_filter_uses_quality_over_both_phases(mk):
@@ -131,16 +148,17 @@ def estimate(**kw) -> PathEstimate:
 )
 def test_scorers(mk, name, est, best_total, best_cost, deadline, expected):
     x = scorers.ScoreInput(
-        estimate(**est), scorers.FieldStats(best_total, best_cost), mk.req(deadline=deadline), mk.NOW, CFG
+        [estimate(**est)], scorers.FieldStats(best_total, best_cost), mk.req(deadline=deadline), mk.NOW, CFG
     )
-    value = dict(scorers.SCORERS)[name](x)
+    _, parts = scorers.score_path(x)
+    value = dict(parts)[name]
     assert 0.0 <= value <= 1.0
     assert value == pytest.approx(expected)
 
 
 def test_composite_is_the_weighted_mean(mk):
     x = scorers.ScoreInput(
-        estimate(decode_s=19.0, success_prob=0.5), scorers.FieldStats(10.0, None), mk.req(), mk.NOW, CFG
+        [estimate(decode_s=19.0, success_prob=0.5)], scorers.FieldStats(10.0, None), mk.req(), mk.NOW, CFG
     )
     total, parts = scorers.score_path(x)
     w = CFG.weights
@@ -149,6 +167,20 @@ def test_composite_is_the_weighted_mean(mk):
     )
     assert total == pytest.approx(expected)
     assert dict(parts)["completion"] == pytest.approx(0.5)
+
+
+def test_scoring_all_paths_at_once_scores_each_as_if_alone(mk):
+    """Column-at-a-time scoring gives every path the score it gets on its own in the same field."""
+    paths = [estimate(decode_s=19.0), estimate(cost=2.0, success_prob=0.7), estimate(stall_s=12.0, memory_headroom=0.2)]
+    field = scorers.FieldStats(10.0, 1.0)
+    req = mk.req(deadline=mk.NOW + 25.0)
+    totals, columns = scorers.score_paths(scorers.ScoreInput(paths, field, req, mk.NOW, CFG))
+    for i, e in enumerate(paths):
+        alone, parts = scorers.score_path(scorers.ScoreInput([e], field, req, mk.NOW, CFG))
+        assert totals[i] == pytest.approx(alone)
+        assert dict(scorers.parts_of(columns, i)) == pytest.approx(dict(parts))
+    with pytest.raises(ValueError, match="one estimate, got 3"):
+        scorers.score_path(scorers.ScoreInput(paths, field, req, mk.NOW, CFG))
 
 
 @pytest.mark.parametrize(

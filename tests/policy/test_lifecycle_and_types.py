@@ -120,3 +120,24 @@ def test_curve_interpolation(mk):
     assert r.tokens_per_s(20) == pytest.approx(600.0)
     assert r.tokens_per_s(64) == 800.0
     assert r.max_batch_size == 32
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [
+        ("workers", -1, "workers"),
+        ("free_kv_bytes", float("nan"), "free_kv_bytes"),
+        ("queue_tokens", float("inf"), "queue_tokens"),
+        ("in_flight", True, "in_flight"),
+        ("max_batch", 0, "max_batch"),
+        ("price_per_hour", -2.0, "price_per_hour"),
+        ("name", " ", "name"),
+    ],
+)
+def test_pool_state_names_the_bad_field(mk, field, value, needle):
+    """The one-pass check of the common case must not let a bad value through."""
+    from dataclasses import replace
+
+    good = mk.pool("p", price=3.0)
+    with pytest.raises(ValueError, match=needle):
+        replace(good, **{field: value})

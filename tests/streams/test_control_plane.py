@@ -232,3 +232,16 @@ def test_in_flight_work_of_a_pool_whose_heartbeats_stop_is_redispatched(model_in
     assert {s.record["request_id"] for s in redo} >= on_p1
     assert all(s.topic == "prefill.p2" for s in redo), "nothing goes to the dead pool"
     assert cp.reports.redispatched == len(on_p1)
+
+
+def test_pool_view_reports_the_roomiest_worker_and_the_pool_sum():
+    """Three workers of one pool: the router sees the sum of free KV and the most any one worker
+    has (the KV of a request lives on one worker); a dead worker counts in neither."""
+    now = time.time()
+    view = PoolView(dead_after_s=8.0)
+    for i, (free, age) in enumerate([(1 * 10**9, 0.0), (3 * 10**9, 0.0), (9 * 10**9, 60.0)]):
+        beat = heartbeat("gpu", "BOTH", now - age)
+        beat.update(worker_id=f"gpu-{i}", kv_free_bytes=free)
+        view.on_record(beat)
+    state = view.states(now, {}, {})["gpu"]
+    assert (state.workers, state.free_kv_bytes, state.worker_free_kv_bytes) == (2, 4 * 10**9, 3 * 10**9)
