@@ -100,34 +100,30 @@ def _reason(chosen: _Scored, ranked: list[_Scored], explored: bool, passed_over:
 def _rank(scored: list[_Scored], model: str, state: RouterState) -> list[_Scored]:
     """Best score first; equal scores (to 1e-9, so float noise cannot herd) go to the pool owed
     the most traffic share, then to the shorter estimate, then by name."""
-
     credit_p = {a: state.credit(model, Phase.PREFILL, a) for a in {s.estimate.prefill_pool for s in scored}}
     credit_d = {b: state.credit(model, Phase.DECODE, b) for b in {s.estimate.decode_pool for s in scored}}
-
-    def key(s: _Scored) -> tuple[float, float, float, str, str]:
-        a, b = s.estimate.prefill_pool, s.estimate.decode_pool
-        return (-round(s.score, 9), -(credit_p[a] + credit_d[b]), s.total_s, a, b)
-
-    return sorted(scored, key=key)
+    keys = [
+        (-round(s.score, 9), -(credit_p[a] + credit_d[b]), s.total_s, a, b, i)
+        for i, s in enumerate(scored)
+        for a, b in ((s.estimate.prefill_pool, s.estimate.decode_pool),)
+    ]
+    keys.sort()
+    return [scored[k[-1]] for k in keys]
 
 
 def _pick(
     ranked: list[_Scored], model: str, state: RouterState, config: RouterConfig, rng: random.Random, draw: float
 ) -> tuple[_Scored, bool, int]:
     """(chosen path, whether it was an exploration pick, how many better paths were passed over)."""
-    explorable = sorted({s.estimate.prefill_pool for s in ranked} | {s.estimate.decode_pool for s in ranked})
-    if draw < config.exploration_share and len(explorable) > 1:
-        target = explorable[rng.randrange(len(explorable))]
-        return next(s for s in ranked if target in (s.estimate.prefill_pool, s.estimate.decode_pool)), True, 0
-    budget: dict[tuple[Phase, str], bool] = {}  # a pool appears in several paths: ask the state once
-
-    def within(phase: Phase, pool: str) -> bool:
-        if (phase, pool) not in budget:
-            budget[(phase, pool)] = state.within_budget(model, phase, pool, config)
-        return budget[(phase, pool)]
-
+    if draw < config.exploration_share:
+        explorable = sorted({s.estimate.prefill_pool for s in ranked} | {s.estimate.decode_pool for s in ranked})
+        if len(explorable) > 1:
+            target = explorable[rng.randrange(len(explorable))]
+            return next(s for s in ranked if target in (s.estimate.prefill_pool, s.estimate.decode_pool)), True, 0
+    over_p = state.over_budget(model, Phase.PREFILL, config)
+    over_d = state.over_budget(model, Phase.DECODE, config)
     for i, s in enumerate(ranked):
-        if within(Phase.PREFILL, s.estimate.prefill_pool) and within(Phase.DECODE, s.estimate.decode_pool):
+        if s.estimate.prefill_pool not in over_p and s.estimate.decode_pool not in over_d:
             return s, False, i
     return ranked[0], False, 0
 

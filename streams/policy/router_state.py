@@ -154,8 +154,13 @@ class RouterState:
 
     def within_budget(self, model: str, phase: Phase, pool: str, config: RouterConfig) -> bool:
         """False once ``pool`` has taken more than ``share_slack`` of the recent tokens beyond its target share."""
+        return pool not in self.over_budget(model, phase, config)
+
+    def over_budget(self, model: str, phase: Phase, config: RouterConfig) -> frozenset[str]:
+        """The pools that are not ``within_budget`` for (model, phase), in one pass."""
         allowance = config.share_slack * sum(self._routed.get((model, phase), {}).values())
-        return self.credit(model, phase, pool) >= -allowance - 1e-6
+        credits = self._credit.get((model, phase), {})
+        return frozenset(pool for pool, credit in credits.items() if credit < -allowance - 1e-6)
 
     def snapshot(self) -> dict[str, dict[str, dict[str, float]]]:
         """Targets, credits and realized shares by ``"model/phase"``, for reporting."""
