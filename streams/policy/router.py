@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from .confidence import effective_link
 from .cost_model import combine, phase_cost
@@ -34,14 +33,6 @@ from .router_config import RouterConfig
 from .router_state import RouterState
 from .scorers import ScoreInput, parts_of, score_paths
 from .types import NoPlacement, PathEstimate, Phase, PoolState, ProfileTable, RequestWork, RoutingDecision
-
-
-@dataclass(frozen=True, slots=True)
-class _Scored:
-    estimate: PathEstimate
-    score: float
-    index: int  # position in the decision's score columns (``scorers.parts_of``)
-    total_s: float
 
 
 def _candidates(
@@ -82,12 +73,15 @@ def _describe(e: PathEstimate) -> str:
     )
 
 
-def _reason(chosen: _Scored, ranked: list[_Scored], explored: bool, passed_over: int) -> str:
-    text = f"{_describe(chosen.estimate)}, score {chosen.score:.3f}"
-    rival = next((s for s in ranked if s.estimate.colocated != chosen.estimate.colocated), None)
+def _reason(chosen: int, ranked: list[int], paths: list[PathEstimate], scores: list[float], explored: bool,
+            passed_over: int) -> str:
+    e = paths[chosen]
+    text = f"{_describe(e)}, score {scores[chosen]:.3f}"
+    rival = next((i for i in ranked if paths[i].colocated != e.colocated), None)
     if rival is not None:
-        text += f"; best {'colocated' if rival.estimate.colocated else 'disaggregated'} alternative: "
-        text += f"{_describe(rival.estimate)}, score {rival.score:.3f}"
+        r = paths[rival]
+        text += f"; best {'colocated' if r.colocated else 'disaggregated'} alternative: "
+        text += f"{_describe(r)}, score {scores[rival]:.3f}"
     if explored:
         text += "; exploration pick"
     elif passed_over:
@@ -95,36 +89,36 @@ def _reason(chosen: _Scored, ranked: list[_Scored], explored: bool, passed_over:
     return text
 
 
-
-
-def _rank(scored: list[_Scored], model: str, state: RouterState) -> list[_Scored]:
-    """Best score first; equal scores (to 1e-9, so float noise cannot herd) go to the pool owed
-    the most traffic share, then to the shorter estimate, then by name."""
-    credit_p = {a: state.credit(model, Phase.PREFILL, a) for a in {s.estimate.prefill_pool for s in scored}}
-    credit_d = {b: state.credit(model, Phase.DECODE, b) for b in {s.estimate.decode_pool for s in scored}}
+def _rank(paths: list[PathEstimate], scores: list[float], totals: list[float], model: str,
+          state: RouterState) -> list[int]:
+    """Path indices, best score first; equal scores (to 1e-9, so float noise cannot herd) go to
+    the pool owed the most traffic share, then to the shorter estimate, then by name."""
+    credit_p = {a: state.credit(model, Phase.PREFILL, a) for a in {e.prefill_pool for e in paths}}
+    credit_d = {b: state.credit(model, Phase.DECODE, b) for b in {e.decode_pool for e in paths}}
     keys = [
-        (-round(s.score, 9), -(credit_p[a] + credit_d[b]), s.total_s, a, b, i)
-        for i, s in enumerate(scored)
-        for a, b in ((s.estimate.prefill_pool, s.estimate.decode_pool),)
+        (-round(score, 9), -(credit_p[e.prefill_pool] + credit_d[e.decode_pool]), total, e.prefill_pool,
+         e.decode_pool, i)
+        for i, (e, score, total) in enumerate(zip(paths, scores, totals))
     ]
     keys.sort()
-    return [scored[k[-1]] for k in keys]
+    return [k[-1] for k in keys]
 
 
 def _pick(
-    ranked: list[_Scored], model: str, state: RouterState, config: RouterConfig, rng: random.Random, draw: float
-) -> tuple[_Scored, bool, int]:
-    """(chosen path, whether it was an exploration pick, how many better paths were passed over)."""
+    ranked: list[int], paths: list[PathEstimate], model: str, state: RouterState, config: RouterConfig,
+    rng: random.Random, draw: float,
+) -> tuple[int, bool, int]:
+    """(chosen path index, whether it was an exploration pick, how many better paths were passed over)."""
     if draw < config.exploration_share:
-        explorable = sorted({s.estimate.prefill_pool for s in ranked} | {s.estimate.decode_pool for s in ranked})
+        explorable = sorted({e.prefill_pool for e in paths} | {e.decode_pool for e in paths})
         if len(explorable) > 1:
             target = explorable[rng.randrange(len(explorable))]
-            return next(s for s in ranked if target in (s.estimate.prefill_pool, s.estimate.decode_pool)), True, 0
+            return next(i for i in ranked if target in (paths[i].prefill_pool, paths[i].decode_pool)), True, 0
     over_p = state.over_budget(model, Phase.PREFILL, config)
     over_d = state.over_budget(model, Phase.DECODE, config)
-    for i, s in enumerate(ranked):
-        if s.estimate.prefill_pool not in over_p and s.estimate.decode_pool not in over_d:
-            return s, False, i
+    for n, i in enumerate(ranked):
+        if paths[i].prefill_pool not in over_p and paths[i].decode_pool not in over_d:
+            return i, False, n
     return ranked[0], False, 0
 
 
@@ -148,10 +142,9 @@ def route(
         return NoPlacement(request.request_id, reason, tuple(rejected))
     x = ScoreInput.of(paths, request, now, config)
     scores, columns = score_paths(x)
-    scored = [_Scored(e, score, i, total) for i, (e, score, total) in enumerate(zip(paths, scores, x.totals))]
-    ranked = _rank(scored, request.model, state)
-    chosen, explored, passed_over = _pick(ranked, request.model, state, config, rng, draw)
-    e = chosen.estimate
+    ranked = _rank(paths, scores, x.totals, request.model, state)
+    chosen, explored, passed_over = _pick(ranked, paths, request.model, state, config, rng, draw)
+    e = paths[chosen]
     return RoutingDecision(
         request_id=request.request_id,
         prefill_pool=e.prefill_pool,
@@ -159,10 +152,10 @@ def route(
         colocated=e.colocated,
         estimated_completion=now + e.total_s,
         estimate=e,
-        scores=parts_of(columns, chosen.index),
-        score=chosen.score,
+        scores=parts_of(columns, chosen),
+        score=scores[chosen],
         explored=explored,
-        reason=_reason(chosen, ranked, explored, passed_over),
+        reason=_reason(chosen, ranked, paths, scores, explored, passed_over),
         rejected=tuple(rejected),
         eligible_prefill=tuple(sorted({p.prefill_pool for p in paths})),
         eligible_decode=tuple(sorted({p.decode_pool for p in paths})),

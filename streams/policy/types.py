@@ -289,6 +289,18 @@ class RequestWork:
     avoid_pools: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
+        # One per prompt of every admitted job: check the common (valid) case in one pass, and
+        # name the bad field only when something is off.
+        deadline = self.deadline
+        if (
+            type(self.request_id) is str and self.request_id.strip()
+            and type(self.prompt_tokens) is int and self.prompt_tokens >= 1
+            and type(self.max_output_tokens) is int and self.max_output_tokens >= 1
+            and type(self.quality_tolerance) in _PLAIN_NUMBERS and 0.0 <= self.quality_tolerance <= 1.0
+            and type(self.attempt) is int and self.attempt >= 0
+            and (deadline is None or (type(deadline) in _PLAIN_NUMBERS and math.isfinite(deadline)))
+        ):
+            return
         owner = f"RequestWork({self.request_id})"
         _checks.non_empty("RequestWork", "request_id", self.request_id)
         _checks.at_least(owner, "prompt_tokens", self.prompt_tokens, 1)

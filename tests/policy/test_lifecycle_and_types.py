@@ -141,3 +141,21 @@ def test_pool_state_names_the_bad_field(mk, field, value, needle):
     good = mk.pool("p", price=3.0)
     with pytest.raises(ValueError, match=needle):
         replace(good, **{field: value})
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [
+        ("request_id", "", "request_id"),
+        ("prompt_tokens", 0, "prompt_tokens"),
+        ("max_output_tokens", float("nan"), "max_output_tokens"),
+        ("quality_tolerance", 1.5, "quality_tolerance"),
+        ("attempt", -1, "attempt"),
+        ("deadline", float("inf"), "deadline"),
+    ],
+)
+def test_request_work_names_the_bad_field(mk, field, value, needle):
+    from dataclasses import replace
+
+    with pytest.raises(ValueError, match=needle):
+        replace(mk.req(), **{field: value})
