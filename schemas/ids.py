@@ -10,12 +10,9 @@ PHASES = ("prefill", "decode")
 
 def request_id(job_id: str, custom_id: str) -> str:
     """32 hex digits from (job_id, custom_id): same inputs, same id; unambiguous for any strings."""
-    digest = hashlib.blake2b(digest_size=16)
-    for part in (job_id, custom_id):
-        raw = part.encode("utf-8")
-        digest.update(len(raw).to_bytes(8, "little"))
-        digest.update(raw)
-    return digest.hexdigest()
+    job, custom = job_id.encode("utf-8"), custom_id.encode("utf-8")
+    framed = b"".join((len(job).to_bytes(8, "little"), job, len(custom).to_bytes(8, "little"), custom))
+    return hashlib.blake2b(framed, digest_size=16).hexdigest()
 
 
 def attempt_id(request: str, phase: str, attempt: int) -> str:

@@ -2,11 +2,14 @@
 
 1. Filter each pool per phase (``filters.POOL_FILTERS``): alive, serves the phase, model
    loaded, profiled, healthy, quality tier, KV memory, not in the avoid list.
-2. Build paths (``paths.candidate_pairs``): colocated (one pool runs both phases) and, when
-   allowed, disaggregated (prefill pool != decode pool, KV over the measured link). Estimate each with the cost model
-   from the *effective* (confidence-blended) rows; drop paths below the quality tier (the
-   quality canaries measured on the path when there is one: ``quality.path_quality``).
-3. Score each path with the weighted scorers (each in [0, 1]).
+2. Cost each surviving pool's phase once (``cost_model.phase_cost``: queue wait, service,
+   dollars, KV headroom, from the *effective* confidence-blended rows), then build paths
+   (``paths.candidate_pairs``): colocated (one pool runs both phases) and, when allowed,
+   disaggregated (prefill pool != decode pool, KV over the measured link). A path's estimate
+   only adds up its two phase costs and the transfer (``cost_model.combine``); paths below the
+   quality tier are dropped (the quality canaries measured on the path when there is one:
+   ``quality.path_quality``).
+3. Score every path with the weighted scorers (each in [0, 1]; a column of values at a time).
 4. Pick: with probability ``exploration_share`` a uniformly random eligible pool (the best
    path through it), so every pool stays measured; otherwise the best path whose pools have
    not run ahead of their target traffic share in ``state`` (the best overall if none is).

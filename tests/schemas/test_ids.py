@@ -15,6 +15,11 @@ def test_request_id_is_deterministic_and_unambiguous() -> None:
     assert request_id("job-1", "q-1") != request_id("job-2", "q-1")
 
 
+def test_request_id_is_stable_across_releases() -> None:
+    """Ids already in topics and result files must come out the same after any rewrite."""
+    assert request_id("j1", "0") == "11cabe2d1489eae3ab5b100bbb30b579"
+
+
 def test_attempt_id() -> None:
     assert attempt_id("r1", "prefill", 0) == "r1/prefill/0"
     with pytest.raises(ValueError, match="attempt phase 'PREFILL' is not one of"):
