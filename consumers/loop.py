@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from phaseroute.consumers.handler import Completion, Handler, Output, WorkItem
 from phaseroute.consumers.kafka_clients import TrackedProducer, new_consumer
@@ -38,6 +38,12 @@ from phaseroute.schemas import serde
 from phaseroute.schemas.deadletter import Rejected, safe_decode, to_dead_letter
 
 log = logging.getLogger(__name__)
+
+# A commit refused because the group moved on: the member's generation is stale, it was
+# removed, or a rebalance is under way. Not a failure of the work.
+_REBALANCE_ERRORS = frozenset({
+    KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS, KafkaError.UNKNOWN_MEMBER_ID,
+})
 DEADLETTER_TOPIC = "deadletter"
 
 
@@ -77,7 +83,7 @@ class WorkerLoop:
         self._stop = threading.Event()
         self._paused: set[tuple[str, int]] = set()  # partitions paused while the handler is full
         self._on_tick = on_tick
-        self.stats = {"items": 0, "dead_letters": 0, "steps": 0, "commits": 0}
+        self.stats = {"items": 0, "dead_letters": 0, "steps": 0, "commits": 0, "commits_refused": 0}
 
     # -- life cycle -------------------------------------------------------------------
     def stop(self, *_: object) -> None:
@@ -188,10 +194,24 @@ class WorkerLoop:
             self.producer.produce(out.topic, out.key, serde.encode(out.kind, out.record))
 
     def _commit(self) -> None:
+        """Commit what is done. A group that is rebalancing (another worker joined or left)
+        refuses the commit; the outputs are already durable, so the offsets stay pending here
+        and go with the next commit if the partitions stay, or the new owner redoes that work
+        (its results are deduplicated downstream): nothing is lost, the worker keeps running."""
         positions = {tp: pos for tp, pos in self.offsets.committable().items() if tp in self.assignment}
         if not positions:
             return
-        self.consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()], asynchronous=False)
+        try:
+            self.consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()],
+                                 asynchronous=False)
+        except KafkaException as exc:
+            code = exc.args[0].code() if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if code not in _REBALANCE_ERRORS:
+                raise
+            log.warning("%s commit refused during a rebalance (%s); offsets stay pending",
+                        self.config.client_id, exc.args[0].name())
+            self.stats["commits_refused"] += 1
+            return
         self.offsets.committed(positions)
         self.stats["commits"] += 1
 
