@@ -19,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from phaseroute.config import settings
 from phaseroute.consumers.query_server import remote_query
@@ -34,6 +35,19 @@ MAX_TOKENS = 24
 
 def _results_file(job_id: str) -> Path:
     return settings().results_dir / f"{job_id}.jsonl"
+
+
+def _wait_for_assignment(bootstrap: str, group: str, client_id: str, timeout_s: float) -> list[int]:
+    """The partitions the broker's group coordinator has assigned to ``client_id`` (waits until some are)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        described = admin.describe_consumer_groups([group])[group].result(timeout=10)
+        for member in described.members:
+            if member.client_id == client_id and member.assignment.topic_partitions:
+                return sorted(tp.partition for tp in member.assignment.topic_partitions)
+        time.sleep(0.5)
+    raise AssertionError(f"{client_id} got no partitions of group {group} within {timeout_s:.0f} s")
 
 
 def _lines(job_id: str) -> list[dict]:
@@ -225,6 +239,7 @@ def test_decode_workers_split_partitions_and_a_joining_worker_rebalances(pools, 
         _wait_for(job_id, 8, 300, [prefill, *decoders, *sinks])
         joined_at = time.time()
         decoders.append(start_worker(decode_pool, "decode", *args, "--worker-id", f"{decode_pool}-2", log_dir=tmp_path))
+        joiner_partitions = _wait_for_assignment(bootstrap, f"phaseroute.decode.{decode_pool}", f"{decode_pool}-2", 120)
         _wait_for(job_id, N_REQUESTS, 300, [prefill, *decoders, *sinks])
         time.sleep(3)
         lines = _lines(job_id)
@@ -239,6 +254,9 @@ def test_decode_workers_split_partitions_and_a_joining_worker_rebalances(pools, 
     before = {r["worker_id"] for r in decode_batches if r["at"] / 1000 < joined_at}
     after = {r["worker_id"] for r in decode_batches if r["at"] / 1000 >= joined_at}
     print(f"\n[figures] scaling: workers decoding before the join {sorted(before)}, after {sorted(after)}; "
+          f"the joining worker was assigned partitions {joiner_partitions}; "
           f"{N_REQUESTS} results exactly once in {time.time() - started:.0f} s")
     assert len(before) == 2, "two workers of one pool must split its partitions"
-    assert f"{decode_pool}-2" in after, "the joining worker must receive partitions after the rebalance"
+    # Whether the joiner also decodes depends on how much work is left on its partitions when
+    # the group settles (on a loaded machine, sometimes none): the group's assignment is the fact.
+    assert joiner_partitions, "the joining worker must receive partitions after the rebalance"
