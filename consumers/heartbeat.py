@@ -75,6 +75,7 @@ class Heartbeat:
             "batch_in_flight": int(numbers.get("batch_in_flight", 0)), "max_batch": int(numbers.get("max_batch", 0)),
             "memory_bytes": int(numbers.get("memory_bytes") or psutil.Process().memory_info().rss),
             "kv_free_bytes": int(numbers.get("kv_free_bytes", 0)),
+            "kv_capacity_bytes": None if numbers.get("kv_capacity_bytes") is None else int(numbers["kv_capacity_bytes"]),
             "host": socket.gethostname(), "pid": os.getpid(), "status": status,
             "started_at": int(self.started_at * 1000), "interval_s": self.interval_s, "at": int(time.time() * 1000),
         }

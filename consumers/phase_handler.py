@@ -159,6 +159,7 @@ class PhaseHandler:
             "batch_in_flight": self.in_flight(),
             "max_batch": self.spec.max_decode_batch if self.decode else self.spec.limits.max_batch,
             "kv_free_bytes": max(0, self.executor.kv_budget_bytes - kv_used),
+            "kv_capacity_bytes": self.executor.kv_budget_bytes,
         }
 
     # -- the work ------------------------------------------------------------------------

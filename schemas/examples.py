@@ -103,7 +103,8 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
     "pool_heartbeat": {
         "pool": "cpu-int8-b", "worker_id": "cpu-int8-b-0", "phase": "DECODE", "variant": "int8-dynamic",
         "device": "cpu", "models": [MODEL], "queue_depth": 3, "consumer_lag": 5, "batch_in_flight": 8,
-        "max_batch": 32, "memory_bytes": 812_000_000, "kv_free_bytes": 1_500_000_000, "host": "node-2",
+        "max_batch": 32, "memory_bytes": 812_000_000, "kv_free_bytes": 1_500_000_000,
+        "kv_capacity_bytes": 4_000_000_000, "host": "node-2",
         "pid": 41_877, "status": "UP", "started_at": T0 - 600_000, "interval_s": 5.0, "at": T0 + 500,
     },
     "profile_row": {

@@ -84,6 +84,7 @@ class PoolHeartbeat(AvroRecord):
     max_batch: int
     memory_bytes: int
     kv_free_bytes: int
+    kv_capacity_bytes: int | None = None
     host: str
     pid: int
     status: WorkerStatus

@@ -218,14 +218,23 @@ class Simulator(Disruptions, Sampling, Speculation):
 
     def _route(self, rid: int) -> None:
         choice = self.driver.route(rid, self.now)
+        tokens = self.prompt[rid] + self.output[rid]
         if choice is None:
             self.counters["no_placement"] += 1
             self.status[rid] = LOST
+            if rid not in self.unplaced:
+                # As the live control plane does: a request no pool can take now gives back its
+                # in-flight slot (other work is released in its place) and is tried again later.
+                self.inflight -= 1
+                self.inflight_tokens -= tokens
+                self._want_release()
             tries = self.unplaced[rid] = self.unplaced.get(rid, 0) + 1
             self.push(self.now + backoff(tries, self.cfg.retry_delay_s, self.cfg.max_retry_delay_s), RETRY, rid,
                       self.attempt[rid])
             return
-        self.unplaced.pop(rid, None)
+        if self.unplaced.pop(rid, None) is not None:   # placed at last: it holds a slot again
+            self.inflight += 1
+            self.inflight_tokens += tokens
         a, b = choice
         self.pre_pool[rid], self.dec_pool[rid] = a, b
         self.colo[rid] = a == b

@@ -40,8 +40,9 @@ class PhaserouteOptions:
     admit_jobs: bool = True                      # False: admit everything (ablation)
     quota: P.TenantQuota = field(default_factory=lambda: P.TenantQuota(None, None))
     heartbeat_s: float = 1.0                     # free KV memory and failures are as of the last heartbeat
-    per_worker_kv: bool = True                   # PoolState.worker_free_kv_bytes: the roomiest worker's free KV,
-    #                                              as the live pool view reports it (False: only the pool's sum; ablation)
+    per_worker_kv: bool = True                   # PoolState.worker_free_kv_bytes / worker_kv_capacity_bytes: the
+    #                                              roomiest worker's free KV and one worker's KV capacity, as the live
+    #                                              pool view reports them (False: only the pool's sum; ablation)
 
 
 def _aggregates_from_perf(perf: InstancePerf, pool: str, model: str, variant: str, now: float,
@@ -131,7 +132,8 @@ class PhaserouteDriver:
         cache = self._pool_cache
         for i, p in enumerate(self.sim.pools):
             key = (p.alive, p.alive_instances, self.hb_free_kv[i], len(p.q_pre) + len(p.q_dec),
-                   p.q_pre_tokens + p.q_dec_tokens, p.running, self.hb_failures[i], self.hb_t, self.hb_worker_kv[i])
+                   p.q_pre_tokens + p.q_dec_tokens, p.running, self.hb_failures[i], self.hb_t, self.hb_worker_kv[i],
+                   p.spec.perf.kv_capacity if self.opt.per_worker_kv else None)
             hit = cache[i]
             if hit is not None and hit[0] == key:
                 out.append(hit[1])
@@ -142,6 +144,7 @@ class PhaserouteDriver:
                 workers=key[1], max_batch=spec.perf.max_batch, free_kv_bytes=max(key[2], 0.0),
                 queue_requests=key[3], queue_tokens=key[4], in_flight=key[5], recent_failures=key[6],
                 last_heartbeat=self.hb_t, price_per_hour=spec.cost_per_hour, worker_free_kv_bytes=key[8],
+                worker_kv_capacity_bytes=key[9],
             )
             cache[i] = (key, state)
             out.append(state)

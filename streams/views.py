@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -103,6 +103,14 @@ class ProfileView:
             return ProfileTable.from_rows(list(self._rows.values()), list(self._links.values()), list(self._quality.values()))
 
 
+def _largest_known(values: Iterable[int | None]) -> int | None:
+    """The largest value, or None when any is unknown (a worker that does not say cannot be ruled out)."""
+    known = list(values)
+    if not known or any(v is None for v in known):
+        return None
+    return max(known)  # type: ignore[type-var]
+
+
 class PoolView:
     """Pool states from worker heartbeats (and the control plane's own in-flight counts)."""
 
@@ -140,6 +148,7 @@ class PoolView:
                 workers=len(alive), max_batch=max(b["max_batch"] for b in beats) or 1,
                 free_kv_bytes=sum(b["kv_free_bytes"] for b in alive),
                 worker_free_kv_bytes=max((b["kv_free_bytes"] for b in alive), default=None),
+                worker_kv_capacity_bytes=_largest_known(b.get("kv_capacity_bytes") for b in alive),
                 queue_requests=sum(b["consumer_lag"] for b in alive), in_flight=in_flight.get(pool, 0),
                 recent_failures=failures.get(pool, 0), last_heartbeat=newest["at"] / 1000,
                 price_per_hour=(prices or {}).get(pool),

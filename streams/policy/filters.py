@@ -84,16 +84,18 @@ def quality(x: FilterInput) -> str | None:
 
 
 def memory(x: FilterInput) -> str | None:
-    """The request's KV must fit in the pool's free memory, and on one worker when the pool
-    view knows its workers' free memory (a pool of many half-full workers cannot take a
-    sequence bigger than any one of them has left)."""
+    """The request's KV must fit in the pool's free memory, and in one worker's KV memory when
+    the pool view knows its workers' capacity (a sequence bigger than any one worker can hold
+    never runs there, however much the pool has in all). That no worker has room *now* is not
+    a reason to drop the pool: the request queues there until room frees, and the headroom
+    scorer (``cost_model.phase_cost``) prefers pools whose roomiest worker has more free."""
     assert x.profile is not None
     need = kv_need_bytes(x.request, x.profile.row, x.phase)
     if need > x.pool.free_kv_bytes:
         return f"needs {need:.0f} KV bytes, {x.pool.free_kv_bytes:.0f} free"
-    worker_free = x.pool.worker_free_kv_bytes
-    if worker_free is not None and need > worker_free:
-        return f"needs {need:.0f} KV bytes on one worker, at most {worker_free:.0f} free on any worker"
+    capacity = x.pool.worker_kv_capacity_bytes
+    if capacity is not None and need > capacity:
+        return f"needs {need:.0f} KV bytes on one worker, a worker of this pool holds at most {capacity:.0f}"
     return None
 
 

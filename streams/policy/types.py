@@ -243,15 +243,18 @@ class PoolState:
     last_heartbeat: float = 0.0
     price_per_hour: float | None = None  # $ per hour for the whole pool, when known
     worker_free_kv_bytes: float | None = None
-    """The most KV memory free on any one alive worker (a request's KV lives on one worker, so
-    the pool's sum can hide that no worker has room); None when the pool view does not know."""
+    """The most KV memory free on any one alive worker now (a request's KV lives on one worker,
+    so the pool's sum can hide that no worker has room); None when the pool view does not know."""
+    worker_kv_capacity_bytes: float | None = None
+    """The most KV memory any one alive worker has when empty: a request needing more can never
+    run on this pool; None when the pool view does not know."""
 
     def __post_init__(self) -> None:
         # The router sees a fresh PoolState per pool per decision: check the common (valid) case
         # in one pass, and name the bad field only when something is off.
         numbers = (self.workers, self.max_batch, self.free_kv_bytes, self.queue_requests, self.queue_tokens,
                    self.in_flight, self.recent_failures)
-        optional = (self.price_per_hour, self.worker_free_kv_bytes)
+        optional = (self.price_per_hour, self.worker_free_kv_bytes, self.worker_kv_capacity_bytes)
         if (
             type(self.name) is str and self.name.strip() and self.max_batch >= 1
             and all(type(v) in _PLAIN_NUMBERS and 0 <= v < math.inf for v in numbers)
@@ -264,7 +267,7 @@ class PoolState:
         _checks.at_least(owner, "max_batch", self.max_batch, 1)
         for name in ("free_kv_bytes", "queue_requests", "queue_tokens", "in_flight", "recent_failures"):
             _checks.non_negative(owner, name, getattr(self, name))
-        for name in ("price_per_hour", "worker_free_kv_bytes"):
+        for name in ("price_per_hour", "worker_free_kv_bytes", "worker_kv_capacity_bytes"):
             if getattr(self, name) is not None:
                 _checks.non_negative(owner, name, getattr(self, name))
 

@@ -63,6 +63,7 @@ def pool(
     heartbeat: float = NOW,
     price: float | None = None,
     worker_free_kv: float | None = None,
+    worker_kv_capacity: float | None = None,
 ) -> PoolState:
     return PoolState(
         name,
@@ -80,6 +81,7 @@ def pool(
         heartbeat,
         price,
         worker_free_kv,
+        worker_kv_capacity,
     )
 
 

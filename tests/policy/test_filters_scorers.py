@@ -61,13 +61,15 @@ def run_filter(mk, name, *, pool=None, request=None, phase=Phase.DECODE, profile
         # decode holds prompt + output KV: (512 + 128) x 1000 bytes
         ("memory", {"pool": dict(free_kv=640_000)}, None),
         ("memory", {"pool": dict(free_kv=639_999)}, "needs 640000 KV bytes, 639999 free"),
-        # ten workers with 100 kB free each: 1 MB in all, but no worker holds 640 kB
+        # ten workers of 100 kB each: 1 MB in all, but no worker can ever hold 640 kB
         (
             "memory",
-            {"pool": dict(free_kv=1_000_000, worker_free_kv=100_000)},
-            "needs 640000 KV bytes on one worker, at most 100000 free on any worker",
+            {"pool": dict(free_kv=1_000_000, worker_kv_capacity=100_000)},
+            "needs 640000 KV bytes on one worker, a worker of this pool holds at most 100000",
         ),
-        ("memory", {"pool": dict(free_kv=1_000_000, worker_free_kv=640_000)}, None),
+        ("memory", {"pool": dict(free_kv=1_000_000, worker_kv_capacity=640_000)}, None),
+        # no worker has room right now, but one could once its sequences finish: it queues there
+        ("memory", {"pool": dict(free_kv=1_000_000, worker_free_kv=100_000, worker_kv_capacity=700_000)}, None),
         ("not_avoided", {"req": dict(avoid=frozenset({"p"}))}, "avoid list"),
         ("not_avoided", {"req": dict(avoid=frozenset({"q"}))}, None),
     ],

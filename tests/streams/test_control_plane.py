@@ -239,9 +239,17 @@ def test_pool_view_reports_the_roomiest_worker_and_the_pool_sum():
     has (the KV of a request lives on one worker); a dead worker counts in neither."""
     now = time.time()
     view = PoolView(dead_after_s=8.0)
-    for i, (free, age) in enumerate([(1 * 10**9, 0.0), (3 * 10**9, 0.0), (9 * 10**9, 60.0)]):
+    for i, (free, capacity, age) in enumerate([(1 * 10**9, 5 * 10**9, 0.0), (3 * 10**9, 4 * 10**9, 0.0),
+                                                (9 * 10**9, 9 * 10**9, 60.0)]):
         beat = heartbeat("gpu", "BOTH", now - age)
-        beat.update(worker_id=f"gpu-{i}", kv_free_bytes=free)
+        beat.update(worker_id=f"gpu-{i}", kv_free_bytes=free, kv_capacity_bytes=capacity)
         view.on_record(beat)
     state = view.states(now, {}, {})["gpu"]
-    assert (state.workers, state.free_kv_bytes, state.worker_free_kv_bytes) == (2, 4 * 10**9, 3 * 10**9)
+    assert (state.workers, state.free_kv_bytes, state.worker_free_kv_bytes, state.worker_kv_capacity_bytes) == (
+        2, 4 * 10**9, 3 * 10**9, 5 * 10**9)
+    # a worker of an older release says nothing of its capacity: no pool-wide limit can be claimed
+    old = heartbeat("gpu", "BOTH", now)
+    old.update(worker_id="gpu-3", kv_free_bytes=10**9)
+    old.pop("kv_capacity_bytes", None)
+    view.on_record(old)
+    assert view.states(now, {}, {})["gpu"].worker_kv_capacity_bytes is None
