@@ -85,10 +85,8 @@ def quality(x: FilterInput) -> str | None:
 
 def memory(x: FilterInput) -> str | None:
     """The request's KV must fit in the pool's free memory, and in one worker's KV memory when
-    the pool view knows its workers' capacity (a sequence bigger than any one worker can hold
-    never runs there, however much the pool has in all). That no worker has room *now* is not
-    a reason to drop the pool: the request queues there until room frees, and the headroom
-    scorer (``cost_model.phase_cost``) prefers pools whose roomiest worker has more free."""
+    the pool view knows its workers' capacity: a sequence bigger than any one worker can hold
+    never runs there, however much the pool has in all."""
     assert x.profile is not None
     need = kv_need_bytes(x.request, x.profile.row, x.phase)
     if need > x.pool.free_kv_bytes:
@@ -97,6 +95,21 @@ def memory(x: FilterInput) -> str | None:
     if capacity is not None and need > capacity:
         return f"needs {need:.0f} KV bytes on one worker, a worker of this pool holds at most {capacity:.0f}"
     return None
+
+
+def room_now(x: FilterInput) -> str | None:
+    """Some worker of the pool has room for the request's KV now (when the pool view knows):
+    a request sent to a pool whose workers are all full waits there behind the work that
+    fills them. When no pool has room now, the router relaxes this filter
+    (``RouterConfig.relax_room_when_empty``) and the request queues where it can run at all."""
+    assert x.profile is not None
+    worker_free = x.pool.worker_free_kv_bytes
+    if worker_free is None:
+        return None
+    need = kv_need_bytes(x.request, x.profile.row, x.phase)
+    if need <= worker_free:
+        return None
+    return f"needs {need:.0f} KV bytes on one worker, at most {worker_free:.0f} free on any worker now"
 
 
 def not_avoided(x: FilterInput) -> str | None:
@@ -113,6 +126,7 @@ POOL_FILTERS: tuple[tuple[str, Filter], ...] = (
     ("healthy", healthy),
     ("quality", quality),
     ("memory", memory),
+    ("room_now", room_now),
     ("not_avoided", not_avoided),
 )
 

@@ -1,7 +1,10 @@
 """The router: filter -> estimate -> score -> pick, for one request.
 
 1. Filter each pool per phase (``filters.POOL_FILTERS``): alive, serves the phase, model
-   loaded, profiled, healthy, quality tier, KV memory, not in the avoid list.
+   loaded, profiled, healthy, quality tier, KV memory (one worker can hold the request at
+   all), room now (some worker has that much free now), not in the avoid list. When nothing
+   passes, "room now" and then the avoid list are relaxed (``RouterConfig``), so a request
+   queues where it can run rather than nowhere.
 2. Cost each surviving pool's phase once (``cost_model.phase_cost``: queue wait, service,
    dollars, KV headroom, from the *effective* confidence-blended rows), then build paths
    (``paths.candidate_pairs``): colocated (one pool runs both phases) and, when allowed,
@@ -138,8 +141,12 @@ def route(
     pools = list(pools)
     draw = rng.random()
     paths, rejected = _candidates(request, pools, profiles, now, config, frozenset())
-    if not paths and request.avoid_pools and config.relax_avoid_when_empty:
-        paths, rejected = _candidates(request, pools, profiles, now, config, frozenset({"not_avoided"}))
+    relaxed: frozenset[str] = frozenset()
+    for name, wanted in (("room_now", config.relax_room_when_empty),
+                         ("not_avoided", config.relax_avoid_when_empty and bool(request.avoid_pools))):
+        if not paths and wanted:
+            relaxed |= {name}
+            paths, rejected = _candidates(request, pools, profiles, now, config, relaxed)
     if not paths:
         reason = f"no eligible path for model {request.model!r} among {len(pools)} pool(s)"
         return NoPlacement(request.request_id, reason, tuple(rejected))

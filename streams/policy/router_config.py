@@ -68,6 +68,10 @@ class RouterConfig:
     """Target share is proportional to useful capacity ** sharpness (1 = proportional)."""
     relax_avoid_when_empty: bool = True
     """If the request's avoid list leaves no pool, place it on an avoided pool rather than nowhere."""
+    relax_room_when_empty: bool = True
+    """If no pool has a worker with room for the request's KV now, queue it on a pool that can
+    hold it once room frees rather than place it nowhere (a large request would otherwise
+    bounce while smaller ones keep filling the workers)."""
 
     def __post_init__(self) -> None:
         owner = "RouterConfig"

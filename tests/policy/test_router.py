@@ -175,6 +175,26 @@ def test_avoid_list_moves_the_request_and_is_relaxed_only_when_nothing_else_fits
     )
 
 
+def test_room_now_steers_to_a_pool_with_room_and_is_relaxed_when_no_pool_has_any(mk):
+    """The request's decode needs 640 kB. The fast pool's workers are full now; the slow one has
+    room: the request goes where it can start. When no worker anywhere has room, it queues on a
+    pool that can hold it once room frees (the faster one), never on one too small to ever hold it."""
+    rows = [*mk.both("fast", 1000.0), *mk.both("slow", 500.0), *mk.both("tiny", 4000.0)]
+    full_fast = mk.pool("fast", worker_free_kv=100_000, worker_kv_capacity=4_000_000)
+    roomy_slow = mk.pool("slow", worker_free_kv=2_000_000, worker_kv_capacity=4_000_000)
+    tiny = mk.pool("tiny", worker_free_kv=500_000, worker_kv_capacity=500_000)
+    d = place(mk, [full_fast, roomy_slow, tiny], rows)
+    assert (d.prefill_pool, d.decode_pool) == ("slow", "slow")
+    full_slow = mk.pool("slow", worker_free_kv=0, worker_kv_capacity=4_000_000)
+    queued = place(mk, [full_fast, full_slow, tiny], rows)
+    assert queued.decode_pool == "fast"
+    assert "room_now" in dict(place(mk, [full_fast, full_slow, tiny], rows,
+                                    config=RouterConfig(exploration_share=0.0, relax_room_when_empty=False)).rejected)["fast/decode"]
+    never = place(mk, [tiny], rows)
+    assert isinstance(never, NoPlacement)
+    assert "a worker of this pool holds at most 500000" in dict(never.rejected)["tiny/decode"]
+
+
 def test_a_pool_with_measured_100_percent_errors_gets_nothing_even_from_exploration(mk):
     rows = [*mk.both("good", 100.0), *mk.both("broken", 5000.0, err=1.0)]
     pools = [mk.pool("good"), mk.pool("broken")]
