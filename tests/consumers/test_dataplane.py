@@ -37,17 +37,21 @@ def _results_file(job_id: str) -> Path:
     return settings().results_dir / f"{job_id}.jsonl"
 
 
-def _wait_for_assignment(bootstrap: str, group: str, client_id: str, timeout_s: float) -> list[int]:
-    """The partitions the broker's group coordinator has assigned to ``client_id`` (waits until some are)."""
+def _wait_for_split(bootstrap: str, group: str, client_ids: list[str], timeout_s: float) -> list[list[int]]:
+    """The partitions the broker's group coordinator has assigned to each of ``client_ids``, once
+    every one of them holds some and no partition is held twice (a rebalance has settled)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     deadline = time.time() + timeout_s
+    held: dict[str, list[int]] = {}
     while time.time() < deadline:
         described = admin.describe_consumer_groups([group])[group].result(timeout=10)
-        for member in described.members:
-            if member.client_id == client_id and member.assignment.topic_partitions:
-                return sorted(tp.partition for tp in member.assignment.topic_partitions)
+        held = {m.client_id: sorted(tp.partition for tp in m.assignment.topic_partitions) for m in described.members}
+        mine = [held.get(c, []) for c in client_ids]
+        flat = [p for parts in mine for p in parts]
+        if all(mine) and len(flat) == len(set(flat)):
+            return mine
         time.sleep(0.5)
-    raise AssertionError(f"{client_id} got no partitions of group {group} within {timeout_s:.0f} s")
+    raise AssertionError(f"{client_ids} did not each get partitions of group {group} within {timeout_s:.0f} s: {held}")
 
 
 def _lines(job_id: str) -> list[dict]:
@@ -236,10 +240,12 @@ def test_decode_workers_split_partitions_and_a_joining_worker_rebalances(pools, 
              prefill_work(job_id, i, p, pools["prefill"], MAX_TOKENS, decode_pool=decode_pool, colocated=False))
             for i, p in enumerate(prompts(N_REQUESTS))
         ])
+        group = f"phaseroute.decode.{decode_pool}"
+        split = _wait_for_split(bootstrap, group, [f"{decode_pool}-{i}" for i in range(2)], 120)
         _wait_for(job_id, 8, 300, [prefill, *decoders, *sinks])
         joined_at = time.time()
         decoders.append(start_worker(decode_pool, "decode", *args, "--worker-id", f"{decode_pool}-2", log_dir=tmp_path))
-        joiner_partitions = _wait_for_assignment(bootstrap, f"phaseroute.decode.{decode_pool}", f"{decode_pool}-2", 120)
+        joiner_partitions = _wait_for_split(bootstrap, group, [f"{decode_pool}-{i}" for i in range(3)], 120)[2]
         _wait_for(job_id, N_REQUESTS, 300, [prefill, *decoders, *sinks])
         time.sleep(3)
         lines = _lines(job_id)
@@ -253,10 +259,12 @@ def test_decode_workers_split_partitions_and_a_joining_worker_rebalances(pools, 
                       if r["pool"] == decode_pool and r["phase"] == "DECODE"]
     before = {r["worker_id"] for r in decode_batches if r["at"] / 1000 < joined_at}
     after = {r["worker_id"] for r in decode_batches if r["at"] / 1000 >= joined_at}
-    print(f"\n[figures] scaling: workers decoding before the join {sorted(before)}, after {sorted(after)}; "
-          f"the joining worker was assigned partitions {joiner_partitions}; "
+    print(f"\n[figures] scaling: partitions of the two first workers {split}; workers decoding before the join "
+          f"{sorted(before)}, after {sorted(after)}; the joining worker was assigned partitions {joiner_partitions}; "
           f"{N_REQUESTS} results exactly once in {time.time() - started:.0f} s")
-    assert len(before) == 2, "two workers of one pool must split its partitions"
+    # The group's assignment is the fact; decode telemetry flushes per 16-step window, so which
+    # workers show up in it before the join depends on the machine's speed.
+    assert all(split) and not set(split[0]) & set(split[1]), "two workers of one pool must split its partitions"
+    assert joiner_partitions, "the joining worker must receive partitions after the rebalance"
     # Whether the joiner also decodes depends on how much work is left on its partitions when
     # the group settles (on a loaded machine, sometimes none): the group's assignment is the fact.
-    assert joiner_partitions, "the joining worker must receive partitions after the rebalance"

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from phaseroute.schemas import serde
 from phaseroute.streams.policy.lifecycle import attempt_id
@@ -62,22 +62,31 @@ def produce(bootstrap: str, topic: str, records: Iterable[tuple[str, str, dict[s
     return n
 
 
-def read_all(bootstrap: str, topic: str, expected_kind: str, idle_s: float = 3.0) -> list[dict[str, Any]]:
-    """Every record on ``topic`` from the beginning, until ``idle_s`` without a new message."""
+def read_all(bootstrap: str, topic: str, expected_kind: str, timeout_s: float = 120.0) -> list[dict[str, Any]]:
+    """Every record on ``topic`` up to its end as of this call (the high watermark of each
+    partition), read without a consumer group so no rebalance or idle gap can cut it short."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-reader-{uuid.uuid4().hex}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    consumer.subscribe([topic])
-    records, last = [], time.time()
+                         "enable.auto.commit": False})
     try:
-        while time.time() - last < idle_s:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+        todo = {p for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in todo])
+        records: list[dict[str, Any]] = []
+        deadline = time.time() + timeout_s
+        while todo:
+            if time.time() > deadline:
+                raise TimeoutError(f"read_all({topic}): partitions {sorted(todo)} not read to their end in {timeout_s:.0f} s")
             msg = consumer.poll(0.5)
-            if msg is None or msg.error():
-                continue
-            last = time.time()
-            records.append(serde.decode(msg.value(), expected_kind)[1])
+            if msg is not None and not msg.error() and msg.offset() < ends[msg.partition()]:
+                records.append(serde.decode(msg.value(), expected_kind)[1])
+            # done with a partition once the position passes its end (offsets may have gaps)
+            for tp in consumer.position([TopicPartition(topic, p) for p in todo]):
+                if tp.offset >= ends[tp.partition]:
+                    todo.discard(tp.partition)
+        return records
     finally:
         consumer.close()
-    return records
 
 
 def start_worker(pool: str, phase: str, *extra: str, log_dir: Path) -> subprocess.Popen:
