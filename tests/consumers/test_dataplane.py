@@ -262,9 +262,8 @@ def test_decode_workers_split_partitions_and_a_joining_worker_rebalances(pools, 
     print(f"\n[figures] scaling: partitions of the two first workers {split}; workers decoding before the join "
           f"{sorted(before)}, after {sorted(after)}; the joining worker was assigned partitions {joiner_partitions}; "
           f"{N_REQUESTS} results exactly once in {time.time() - started:.0f} s")
-    # The group's assignment is the fact; decode telemetry flushes per 16-step window, so which
-    # workers show up in it before the join depends on the machine's speed.
+    # The group's assignment is the fact: decode telemetry flushes per 16-step window, so which
+    # workers show up in it before the join depends on the machine's speed, and whether the
+    # joiner also decodes depends on the work left on its partitions when the group settles.
     assert all(split) and not set(split[0]) & set(split[1]), "two workers of one pool must split its partitions"
     assert joiner_partitions, "the joining worker must receive partitions after the rebalance"
-    # Whether the joiner also decodes depends on how much work is left on its partitions when
-    # the group settles (on a loaded machine, sometimes none): the group's assignment is the fact.
