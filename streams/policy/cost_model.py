@@ -112,11 +112,6 @@ def phase_cost(request: RequestWork, option: PhaseOption) -> PhaseCost:
     )
 
 
-def phase_seconds(request: RequestWork, option: PhaseOption) -> float:
-    """Queue wait + service of the request's phase on the option's pool (transfer excluded)."""
-    return phase_cost(request, option).seconds
-
-
 def _headroom(need: float, free: float) -> float:
     if need <= 0:
         return 1.0

@@ -152,12 +152,9 @@ class RouterState:
         total = sum(counts.values())
         return {name: c / total for name, c in counts.items()} if total > 0 else {}
 
-    def within_budget(self, model: str, phase: Phase, pool: str, config: RouterConfig) -> bool:
-        """False once ``pool`` has taken more than ``share_slack`` of the recent tokens beyond its target share."""
-        return pool not in self.over_budget(model, phase, config)
-
     def over_budget(self, model: str, phase: Phase, config: RouterConfig) -> frozenset[str]:
-        """The pools that are not ``within_budget`` for (model, phase), in one pass."""
+        """The pools of (model, phase) that have taken more than ``share_slack`` of the recent
+        tokens beyond their target share (the picker passes them over)."""
         allowance = config.share_slack * sum(self._routed.get((model, phase), {}).values())
         credits = self._credit.get((model, phase), {})
         return frozenset(pool for pool, credit in credits.items() if credit < -allowance - 1e-6)
