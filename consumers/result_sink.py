@@ -3,9 +3,13 @@
 Life of a result here: a decode (or colocated) worker produced a ``result`` record keyed by
 job_id, so one job's results arrive on one partition, in one sink. The sink appends the
 OpenAI-Batch-shaped line to ``<results_dir>/<job_id>.jsonl`` unless that custom id is
-already there (replays and speculative copies are dropped by id), fsyncs the file, and only
-then lets the loop commit the offset. A sink killed at any point redoes at most the
-uncommitted tail, and the file's own content makes that idempotent.
+already there (replays and speculative copies are dropped by id) and fsyncs the file. Then,
+for every job in the batch, it sends a receipt (``output_written`` on ``results.written``) with
+the number of lines the file now durably holds; the control plane completes a job only on a
+receipt that covers every request, so a COMPLETED job's output file is whole. The loop
+commits the offsets after the receipts are produced. A sink killed at any point redoes at most
+the uncommitted tail, and the file's own content makes that idempotent; a replayed batch sends
+its receipts again, which the control plane reads as "at least this many lines".
 """
 
 from __future__ import annotations
@@ -18,12 +22,15 @@ from phaseroute.consumers.handler import Completion, Output, WorkItem
 from phaseroute.consumers.offsets import TopicPartition
 from phaseroute.consumers.output_file import JobOutputFile, openai_batch_line
 
+RECEIPT_TOPIC = "results.written"
+
 
 class ResultSinkHandler:
     """Writes result records to per-job output files."""
 
-    def __init__(self, results_dir: Path) -> None:
+    def __init__(self, results_dir: Path, writer: str) -> None:
         self.results_dir = results_dir
+        self.writer = writer
         self._files: dict[str, JobOutputFile] = {}
         self.written = 0
         self.duplicates = 0
@@ -45,7 +52,7 @@ class ResultSinkHandler:
         return True
 
     def admit(self, items: list[WorkItem]) -> list[Completion]:
-        touched: set[str] = set()
+        last_of_job: dict[str, Completion] = {}
         done = []
         for item in items:
             result = item.record
@@ -56,12 +63,16 @@ class ResultSinkHandler:
                 continue
             if out.append(openai_batch_line(result)):
                 self.written += 1
-                touched.add(result["job_id"])
             else:
                 self.duplicates += 1
             done.append(Completion(item))
-        for job_id in touched:
-            self._files[job_id].sync()
+            last_of_job[result["job_id"]] = done[-1]
+        at = int(time.time() * 1000)
+        for job_id, completion in last_of_job.items():
+            out = self._files[job_id]
+            out.sync()  # durable before the receipt says so
+            completion.outputs.append(Output(RECEIPT_TOPIC, job_id, "output_written", {
+                "job_id": job_id, "lines": len(out.written), "path": str(out.path), "writer": self.writer, "at": at}))
         return done
 
     def step(self) -> list[Completion]:

@@ -133,10 +133,11 @@ def run(loop: WorkerLoop, heartbeat: Heartbeat | None) -> None:
 def build_result_sink(settings: Settings, group_suffix: str = "") -> WorkerLoop:
     from phaseroute.consumers.result_sink import ResultSinkHandler
 
-    handler = ResultSinkHandler(settings.results_dir)
+    client_id = f"result-sink.{os.getpid()}"
+    handler = ResultSinkHandler(settings.results_dir, writer=client_id)
     config = LoopConfig(
         bootstrap=settings.bootstrap_servers, group_id="phaseroute.result-sink" + group_suffix,
-        client_id=f"result-sink.{os.getpid()}", topic_kinds={"results": "result"}, service="result-sink",
+        client_id=client_id, topic_kinds={"results": "result"}, service="result-sink",
     )
     return WorkerLoop(config, handler)
 

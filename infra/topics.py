@@ -77,6 +77,7 @@ STATIC_TOPICS: tuple[TopicSpec, ...] = (
     _control("requests.pending", "request", "tenant", "Admitted requests waiting for the fair scheduler."),
     _control("kv.ready", "kv_ready", "job_id", "Prefill finished: where the KV blob is, its size and checksum."),
     _control("results", "result", "job_id", "One result per finished attempt (dedup by request_id downstream)."),
+    _control("results.written", "output_written", "job_id", "The result sink's receipts: a job's output lines fsynced so far; the job completes on them."),
     _control("attempts.failed", "attempt_failed", "job_id", "A failed attempt (KV corrupt or lost, worker error) for the tracker to retry."),
     TopicSpec("telemetry.phase", 2, "phase_telemetry", "pool", "One record per executed batch, for ClickHouse."),
     TopicSpec("pools.heartbeat", 1, "pool_heartbeat", "worker_id", "Worker liveness, queue depth, memory.", retention_ms=DAY_MS),

@@ -87,6 +87,10 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
         "kv_transfer_s": 0.0031, "kv_bytes": KV_BYTES, "error": None, "completed_at": T0 + 480,
         "canary": None, "canary_trace": None,
     },
+    "output_written": {
+        "job_id": JOB_ID, "lines": 1, "path": f"/var/lib/phaseroute/results/{JOB_ID}.jsonl",
+        "writer": "result-sink.4242", "at": T0 + 510,
+    },
     "phase_telemetry": {
         "batch_id": "cpu-int8-b-0/000173", "pool": "cpu-int8-b", "worker_id": "cpu-int8-b-0", "model": MODEL,
         "phase": "DECODE", "variant": "int8-dynamic", "batch_size": 8, "tokens_in": 0, "tokens_out": 72,

@@ -18,6 +18,7 @@ from phaseroute.schemas.records import (
     JobEvent,
     JobSubmitted,
     KvReady,
+    OutputWritten,
     PrefillWork,
     Request,
     Result,
@@ -27,7 +28,7 @@ from phaseroute.schemas.typed import AvroRecord
 RECORD_TYPES: dict[str, type[AvroRecord]] = {
     cls.KIND: cls  # type: ignore[misc]
     for cls in (
-        JobSubmitted, JobCommand, JobEvent, Request, PrefillWork, KvReady, DecodeWork, Result,
+        JobSubmitted, JobCommand, JobEvent, Request, PrefillWork, KvReady, DecodeWork, Result, OutputWritten,
         PhaseTelemetry, PoolHeartbeat, ProfileRow, DeadLetter, AttemptFailed, DriftMeasurement, QualityAlert,
     )
 }

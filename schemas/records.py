@@ -1,4 +1,5 @@
-"""Typed records of the request path: job in, requests, prefill/decode work, KV ready, result.
+"""Typed records of the request path: job in, requests, prefill/decode work, KV ready, result,
+output receipt.
 
 One frozen dataclass per Avro record, fields in .avsc order with the .avsc defaults; the
 field docs (with units) live in ``avro/<kind>.avsc``. Timestamps are int epoch milliseconds.
@@ -244,3 +245,13 @@ class Result(AvroRecord):
     completed_at: int
     canary: CanaryProbe | None = None
     canary_trace: CanaryTrace | None = None
+
+
+@record
+class OutputWritten(AvroRecord):
+    KIND: ClassVar[str] = "output_written"
+    job_id: str
+    lines: int
+    path: str
+    writer: str
+    at: int

@@ -5,8 +5,9 @@ what it returns):
 - ``admission`` on ``jobs.submitted`` -> ``jobs.events`` / ``jobs.state`` and ``requests.pending``;
 - ``scheduler`` on ``requests.pending`` -> the ``requests`` table and the fair queues;
 - ``dispatch`` timer -> ``prefill.<pool>`` (router decisions), retries, speculation, pool loss;
-- ``tracker`` agents on ``kv.ready``, ``results``, ``attempts.failed`` -> progress, completion,
-  retries; ``commands`` on ``jobs.commands`` -> cancellation.
+- ``tracker`` agents on ``kv.ready``, ``results``, ``attempts.failed`` -> progress, retries;
+  ``output_written`` on ``results.written`` (the result sink's receipts) -> completion, once the
+  output file holds every line; ``commands`` on ``jobs.commands`` -> cancellation.
 Undecodable messages go to ``deadletter`` with the reason. Tables use ``use_partitioner`` (keys
 hashed like any producer would), are changelog-backed and rebuilt from Kafka at start; then
 ``restore`` re-queues what was pending. One control-plane process owns all partitions.
@@ -89,6 +90,7 @@ def build_app(settings: Settings, config: ControlConfig, models: tuple[str, ...]
     agent_for("kv.ready", "kv_ready", "kv_ready")
     agent_for("results", "result", "result")
     agent_for("attempts.failed", "attempt_failed", "attempt_failed")
+    agent_for("results.written", "output_written", "output_written")
     agent_for("jobs.commands", "job_command", "cancel")
 
     def restore() -> None:

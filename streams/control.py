@@ -14,7 +14,9 @@ Life of a job through the control plane:
    stopped (in-flight work re-dispatched) are handled here too.
 4. ``kv_ready`` / ``result`` / ``attempt_failed``: the request moves on, finishes (first result
    wins; later copies are ignored by id), or is retried with backoff away from the pool that
-   failed, up to a limit, then fails with its history. A finished job gets COMPLETED/FAILED.
+   failed, up to a limit, then fails with its history.
+5. ``output_written`` (``results.written``): the result sink's receipt of how many output lines
+   are fsynced. A job gets COMPLETED/FAILED when every request has a result and a line on disk.
 The ``jobs`` and ``requests`` mappings are Faust tables in production (changelog-backed, so a
 restarted control plane rebuilds them from Kafka and re-queues what was pending); every
 decision that leaves this class is a ``Send``.
@@ -191,13 +193,31 @@ class ControlPlane:
             sends += records.job_event_sends(job, "RUNNING", now)
         finished = job["done"] + job["failed"]
         if finished >= job["requests_total"]:
-            job["state"] = "COMPLETED" if job["done"] else "FAILED"
-            job["finished_at"] = now
-            sends += records.job_event_sends(job, job["state"], now)
+            sends += self._finish_if_written(job, now)
         elif finished % self.config.progress_every == 0:
             sends += records.job_event_sends(job, "PROGRESS", now, seq=finished)
         self.jobs[req["job_id"]] = job
         return sends
+
+    def output_written(self, receipt: dict[str, Any], now: float) -> list[Send]:
+        """The result sink fsynced ``lines`` of the job's output file; a replayed receipt only repeats a count."""
+        known = self.jobs.get(receipt["job_id"])
+        if known is None or known["state"] not in ("ADMITTED", "RUNNING"):
+            return []
+        job = dict(known, lines_written=max(known.get("lines_written", 0), receipt["lines"]))
+        sends = self._finish_if_written(job, now)
+        self.jobs[receipt["job_id"]] = job
+        return sends
+
+    def _finish_if_written(self, job: dict[str, Any], now: float) -> list[Send]:
+        """COMPLETED/FAILED once every request has a result AND the sink has its line on disk: a
+        finished job's output file is whole when its final event is read. Updates ``job`` in place."""
+        total = job["requests_total"]
+        if job["done"] + job["failed"] < total or job.get("lines_written", 0) < total:
+            return []
+        job["state"] = "COMPLETED" if job["done"] else "FAILED"
+        job["finished_at"] = now
+        return records.job_event_sends(job, job["state"], now)
 
     def attempt_failed(self, event: dict[str, Any], now: float) -> list[Send]:
         rid = event["request_id"]
@@ -386,7 +406,7 @@ class ControlPlane:
         return {"job_id": job["job_id"], "tenant": job["tenant"], "priority": job["priority"], "model": job["model"],
                 "deadline_ms": job["deadline"], "submitted_at_ms": job["submitted_at"], "state": "SUBMITTED",
                 "requests_total": len(job.get("requests") or []), "done": 0, "failed": 0, "tokens_in": 0,
-                "tokens_out": 0, "quality_tier": job["quality_tier"], "output_file": None}
+                "tokens_out": 0, "quality_tier": job["quality_tier"], "output_file": None, "lines_written": 0}
 
     def _reject(self, entry: dict[str, Any], reason: str, earliest: float | None, now: float) -> list[Send]:
         if earliest is not None:

@@ -73,9 +73,23 @@ def admit_all(cp: ControlPlane, record: dict[str, Any], now: float) -> list:
     return sends
 
 
-def finish(cp: ControlPlane, work: dict[str, Any], now: float, tokens: int = 16) -> None:
-    cp.result({"request_id": work["request_id"], "job_id": work["job_id"], "tenant": work["tenant"],
-               "status": "OK", "prompt_tokens": work["prompt_tokens"], "completion_tokens": tokens}, now)
+def finish(cp: ControlPlane, work: dict[str, Any], now: float, tokens: int = 16, receipt: bool = True) -> list:
+    """A result for the work; with ``receipt``, also the result sink's receipt for the lines it wrote."""
+    sends = cp.result({"request_id": work["request_id"], "job_id": work["job_id"], "tenant": work["tenant"],
+                       "status": "OK", "prompt_tokens": work["prompt_tokens"], "completion_tokens": tokens}, now)
+    if receipt:
+        job_entry = cp.jobs[work["job_id"]]
+        sends += written(cp, work["job_id"], job_entry["done"] + job_entry["failed"], now)
+    return sends
+
+
+def written(cp: ControlPlane, job_id: str, lines: int, now: float) -> list:
+    return cp.output_written({"job_id": job_id, "lines": lines, "path": f"/tmp/results/{job_id}.jsonl",
+                              "writer": "result-sink.test", "at": int(now * 1000)}, now)
+
+
+def states(sends: list) -> list[str]:
+    return [s.record["state"] for s in sends if s.topic == "jobs.events"]
 
 
 def test_infeasible_deadline_is_rejected_naming_a_feasible_one(model_info) -> None:
@@ -217,6 +231,38 @@ def test_straggler_gets_a_speculative_copy_and_the_first_result_wins(model_info)
     finish(cp, first[0].record, t + 2)  # the loser arrives later: ignored by request id
     job_entry = cp.jobs["j-s"]
     assert (job_entry["state"], job_entry["done"]) == ("COMPLETED", 1)
+
+
+def test_job_completes_only_when_the_sink_has_written_every_line(model_info) -> None:
+    """Every result counted is not enough: COMPLETED waits for the sink's receipt that the
+    output file holds a line per request, so a reader of the final event finds the file whole."""
+    now = time.time()
+    cp = plane(model_info, {"colo": "BOTH"}, now)
+    admit_all(cp, job("j-w", "acme", 3, 3600, now), now)
+    works = [s.record for s in cp.tick(now + 0.1) if s.topic.startswith("prefill.")]
+    assert len(works) == 3
+    sends = []
+    for i, work in enumerate(works):
+        sends += finish(cp, work, now + 1 + i, receipt=False)
+    assert "COMPLETED" not in states(sends) and cp.jobs["j-w"]["state"] == "RUNNING"
+    assert written(cp, "j-w", 2, now + 5) == [] and cp.jobs["j-w"]["state"] == "RUNNING"
+    assert states(written(cp, "j-w", 3, now + 6)) == ["COMPLETED"]
+    assert cp.jobs["j-w"]["finished_at"] == now + 6
+    assert written(cp, "j-w", 3, now + 7) == [], "a replayed receipt changes nothing"
+
+
+def test_a_receipt_ahead_of_the_last_result_completes_the_job_on_that_result(model_info) -> None:
+    """Receipts and results come on different topics: either may be the last to arrive, and a
+    replayed receipt with an older count never lowers what is known to be written."""
+    now = time.time()
+    cp = plane(model_info, {"colo": "BOTH"}, now)
+    admit_all(cp, job("j-r", "acme", 2, 3600, now), now)
+    works = [s.record for s in cp.tick(now + 0.1) if s.topic.startswith("prefill.")]
+    finish(cp, works[0], now + 1, receipt=False)
+    written(cp, "j-r", 2, now + 2)
+    written(cp, "j-r", 1, now + 3)  # an older receipt, replayed
+    assert cp.jobs["j-r"]["lines_written"] == 2 and cp.jobs["j-r"]["state"] == "RUNNING"
+    assert "COMPLETED" in states(finish(cp, works[1], now + 4, receipt=False))
 
 
 def test_in_flight_work_of_a_pool_whose_heartbeats_stop_is_redispatched(model_info) -> None:
