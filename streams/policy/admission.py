@@ -2,7 +2,9 @@
 
 Order of checks (the first failure decides): malformed input -> empty job -> unknown model
 -> prompt + max output over the model's context -> deadline already past -> tenant quotas
-(queued tokens, running jobs) -> fleet capacity for the model -> deadline feasibility. The
+(queued tokens, running jobs) -> fleet capacity for the model -> a request bigger than any
+one worker's KV memory (only where every serving pool reports its workers' capacity) ->
+deadline feasibility. The
 completion estimate converts every job's remaining tokens into seconds at the fleet's
 measured throughput for its model (prefill tokens / prefill tokens/s + output tokens /
 decode tokens/s, times ``safety_factor``) and slots the new job into the admitted backlog in
@@ -20,7 +22,7 @@ from enum import StrEnum
 from phaseroute.schemas import ids
 
 from . import _checks
-from .confidence import ConfidenceConfig
+from .confidence import ConfidenceConfig, effective_profile
 from .cost_model import fleet_tokens_per_s
 from .feasibility import QueuedWork, check_deadline
 from .types import Phase, PoolState, ProfileTable, QualityTier, RequestWork
@@ -103,6 +105,7 @@ class RejectCode(StrEnum):
     QUOTA_QUEUED_TOKENS = "quota_queued_tokens"
     QUOTA_RUNNING_JOBS = "quota_running_jobs"
     NO_CAPACITY = "no_capacity"
+    REQUEST_TOO_LARGE = "request_too_large"
     DEADLINE_INFEASIBLE = "deadline_infeasible"
 
 
@@ -265,6 +268,51 @@ def _backlog_work(
     return queued, best_effort_s
 
 
+def _tokens_one_worker_holds(
+    job: JobSpec, phase: Phase, pools: Sequence[PoolState], profiles: ProfileTable, now: float, config: AdmissionConfig
+) -> tuple[float, str] | None:
+    """The most KV tokens of ``job.model`` one worker can hold for ``phase``, over the alive
+    pools that serve it, and that pool; None when some serving pool does not report its
+    workers' capacity (or has no profile): then nothing is known to be too large."""
+    best: tuple[float, str] | None = None
+    for pool in pools:
+        if not (pool.alive and pool.serves(phase) and job.model in pool.models):
+            continue
+        eff = effective_profile(profiles, job.model, phase, pool.name, pool.variant, now, config.confidence)
+        capacity = pool.worker_kv_capacity_bytes
+        if eff is None or capacity is None or eff.row.kv_bytes_per_token <= 0:
+            return None
+        tokens = capacity / eff.row.kv_bytes_per_token
+        if best is None or tokens > best[0]:
+            best = (tokens, pool.name)
+    return best
+
+
+def _too_large(
+    job: JobSpec, pools: Sequence[PoolState], profiles: ProfileTable, now: float, config: AdmissionConfig
+) -> Rejected | None:
+    """A request whose KV no single worker can hold would wait forever: prefill holds its
+    prompt, decode its prompt and every output token, on one worker."""
+    needs = {
+        Phase.PREFILL: max(range(len(job.prompt_tokens)), key=lambda i: job.prompt_tokens[i]),
+        Phase.DECODE: max(range(len(job.prompt_tokens)), key=lambda i: job.prompt_tokens[i] + job.output_cap(i)),
+    }
+    for phase, i in needs.items():
+        need = job.prompt_tokens[i] + (job.output_cap(i) if phase is Phase.DECODE else 0)
+        limit = _tokens_one_worker_holds(job, phase, pools, profiles, now, config)
+        if limit is None or need <= limit[0]:
+            continue
+        held = "its prompt" if phase is Phase.PREFILL else f"prompt {job.prompt_tokens[i]} + max_tokens {job.output_cap(i)}"
+        return Rejected(
+            job.job_id,
+            RejectCode.REQUEST_TOO_LARGE,
+            f"request {job.custom_id(i)!r} needs KV for {need} tokens in {phase.value} ({held}) on one worker, but the"
+            f" largest worker of any alive pool serving {phase.value} of {job.model!r} holds {int(limit[0])} tokens"
+            f" (pool {limit[1]!r}); shorten that prompt or lower its max_tokens",
+        )
+    return None
+
+
 def admit(
     job: JobSpec,
     backlog: Sequence[BacklogJob],
@@ -285,7 +333,8 @@ def admit(
     over = _check_quota(job, backlog, quota, prefill + job.total_output_tokens())
     if over is not None:
         return over
-    rates = _Rates(list(pools), profiles, now, config)
+    pools = list(pools)
+    rates = _Rates(pools, profiles, now, config)
     own_rates = rates(job.model)
     work_s = _work_s(own_rates, prefill, decode, config)
     if math.isinf(work_s):
@@ -294,6 +343,9 @@ def admit(
             RejectCode.NO_CAPACITY,
             f"no alive, profiled pool serves {'prefill' if own_rates[0] <= 0 else 'decode'} of {job.model!r} now",
         )
+    too_large = _too_large(job, pools, profiles, now, config)
+    if too_large is not None:
+        return too_large
     queued, best_effort_s = _backlog_work(backlog, rates, config)
     if job.deadline is None:
         ahead = sum(q.work_s for q in queued) + best_effort_s

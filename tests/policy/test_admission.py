@@ -216,3 +216,46 @@ def test_feasibility_table(jobs, work, deadline, feasible, earliest):
     else:
         assert earliest_feasible_deadline(jobs, work, now=0.0) == pytest.approx(earliest)
     assert check_deadline(jobs, work, earliest, now=0.0).feasible
+
+
+def _sized_fleet(mk, capacity: dict[str, float | None], extra=()):
+    """Pools p1 (prefill) and p2 (decode) whose workers hold ``capacity`` KV bytes (1,000 B/token),
+    plus ``extra`` (pool, row) pairs."""
+    pools = [mk.pool("p1", phases=frozenset({Phase.PREFILL}), models=frozenset({"m"}), worker_kv_capacity=capacity["p1"]),
+             mk.pool("p2", phases=frozenset({Phase.DECODE}), models=frozenset({"m"}), worker_kv_capacity=capacity["p2"])]
+    rows = [mk.row("p1", Phase.PREFILL, 10_000.0, model="m"), mk.row("p2", Phase.DECODE, 1000.0, model="m")]
+    pools += [p for p, _ in extra]
+    rows += [r for _, r in extra]
+    return pools, mk.table(*rows)
+
+
+def test_a_request_no_worker_can_hold_is_rejected_naming_it_and_the_limit(mk):
+    pools, profiles = _sized_fleet(mk, {"p1": 2_000_000.0, "p2": 1_050_000.0})  # 2,000 and 1,050 tokens per worker
+    j = job(prompt_tokens=(1000,) * 10, output_tokens=(40,) * 9 + (60,), custom_ids=tuple(f"q{i}" for i in range(10)))
+    verdict = admit(j, [], profiles, pools, MODELS, {}, CONFIG, NOW)
+    assert isinstance(verdict, Rejected) and verdict.code is RejectCode.REQUEST_TOO_LARGE
+    assert verdict.reason == (
+        "request 'q9' needs KV for 1060 tokens in decode (prompt 1000 + max_tokens 60) on one worker, but the largest"
+        " worker of any alive pool serving decode of 'm' holds 1050 tokens (pool 'p2'); shorten that prompt or lower"
+        " its max_tokens")
+    fits = job(prompt_tokens=(1000,) * 10, output_tokens=(50,) * 10)
+    assert isinstance(admit(fits, [], profiles, pools, MODELS, {}, CONFIG, NOW), Admitted)
+
+
+def test_a_prompt_too_large_for_every_prefill_worker_is_rejected_in_prefill(mk):
+    pools, profiles = _sized_fleet(mk, {"p1": 500_000.0, "p2": 1e9})
+    verdict = admit(job(), [], profiles, pools, MODELS, {}, CONFIG, NOW)
+    assert verdict.code is RejectCode.REQUEST_TOO_LARGE
+    assert "needs KV for 1000 tokens in prefill (its prompt)" in verdict.reason and "holds 500 tokens (pool 'p1')" in verdict.reason
+
+
+def test_request_size_is_not_judged_when_a_serving_pool_does_not_report_worker_capacity(mk):
+    old = mk.pool("p3", phases=frozenset({Phase.PREFILL}), models=frozenset({"m"}))  # an old worker: capacity unknown
+    pools, profiles = _sized_fleet(mk, {"p1": 500_000.0, "p2": 1e9}, [(old, mk.row("p3", Phase.PREFILL, 10_000.0, model="m"))])
+    assert isinstance(admit(job(), [], profiles, pools, MODELS, {}, CONFIG, NOW), Admitted)
+
+
+def test_a_dead_pool_does_not_count_as_room_for_a_large_request(mk):
+    dead = mk.pool("big", phases=frozenset({Phase.DECODE}), models=frozenset({"m"}), worker_kv_capacity=1e9, alive=False)
+    pools, profiles = _sized_fleet(mk, {"p1": 2_000_000.0, "p2": 1_000_000.0}, [(dead, mk.row("big", Phase.DECODE, 1000.0, model="m"))])
+    assert admit(job(), [], profiles, pools, MODELS, {}, CONFIG, NOW).code is RejectCode.REQUEST_TOO_LARGE
