@@ -67,6 +67,10 @@ class Driver:
         self.avoid.setdefault(rid, set()).add(pool)
         return now
 
+    def give_up_unplaced(self, rid: int, since: float, now: float) -> bool:
+        """Baselines retry a request no pool accepts until the run ends."""
+        return False
+
     def refresh(self, now: float) -> None:
         pass
 

@@ -113,6 +113,7 @@ class Simulator(Disruptions, Sampling, Speculation):
         self.pools = [PoolRun(i, p, fleet.limits.prefill_chunk, fleet.limits.mixed_chunk) for i, p in enumerate(fleet.pools)]
         self.links_busy: dict[tuple[str, str], float] = {}
         self.unplaced: dict[int, int] = {}    # request -> consecutive routing refusals
+        self.unplaced_since: dict[int, float] = {}  # request -> when the first of those refusals came
         self.tel = Telemetry(len(self.pools))
         self.rng = random.Random(config.seed)
         self.heap: list = []
@@ -229,9 +230,14 @@ class Simulator(Disruptions, Sampling, Speculation):
                 self.inflight_tokens -= tokens
                 self._want_release()
             tries = self.unplaced[rid] = self.unplaced.get(rid, 0) + 1
+            since = self.unplaced_since.setdefault(rid, self.now)
+            if self.driver.give_up_unplaced(rid, since, self.now):
+                self._give_up(rid, f"request {rid} had no placement for {self.now - since:.0f} s")
+                return
             self.push(self.now + backoff(tries, self.cfg.retry_delay_s, self.cfg.max_retry_delay_s), RETRY, rid,
                       self.attempt[rid])
             return
+        self.unplaced_since.pop(rid, None)
         if self.unplaced.pop(rid, None) is not None:   # placed at last: it holds a slot again
             self.inflight += 1
             self.inflight_tokens += tokens
@@ -425,18 +431,24 @@ class Simulator(Disruptions, Sampling, Speculation):
         self.counters["requests_lost"] += 1
         decision = self.driver.on_lost(rid, pool_idx, self.now, cause, phase)
         if decision is None:
-            self.status[rid] = GAVE_UP
-            self.counters["gave_up"] += 1
             self.inflight -= 1
             self.inflight_tokens -= self.prompt[rid] + self.output[rid]
-            j = self.job[rid]
-            if self.job_state[j] == "admitted":
-                self.job_state[j] = "failed"
-                self.job_reason[j] = f"request {rid} gave up after {self.attempt[rid]} attempts"
-                self.unresolved_jobs -= 1
+            self._give_up(rid, f"request {rid} gave up after {self.attempt[rid]} attempts")
             return
         self.counters["retries"] += 1
         self.push(max(decision, self.now), RETRY, rid, self.attempt[rid])
+
+    def _give_up(self, rid: int, why: str) -> None:
+        """The request fails for good (its in-flight slot already given back); so does its job."""
+        self.status[rid] = GAVE_UP
+        self.counters["gave_up"] += 1
+        self.unplaced.pop(rid, None)
+        self.unplaced_since.pop(rid, None)
+        j = self.job[rid]
+        if self.job_state[j] == "admitted":
+            self.job_state[j] = "failed"
+            self.job_reason[j] = why
+            self.unresolved_jobs -= 1
 
     # ------------------------------------------------------------------ views for drivers
     def request_work(self, rid: int) -> tuple[int, int, int, int, int]:

@@ -250,6 +250,14 @@ class PhaserouteDriver:
         self.work[rid] = replace(rw, attempt=sim.attempt[rid], avoid_pools=step.avoid_pools)
         return step.at
 
+    def give_up_unplaced(self, rid: int, since: float, now: float) -> bool:
+        """As the live control plane: ``give_up_unplaced`` ends the wait of a request no pool placed."""
+        rw = self.work[rid]
+        if P.give_up_unplaced(rw.request_id, rw.deadline, since, now, "no placement", self.opt.retry) is None:
+            return False
+        self.scheduler.on_finished(rw.request_id, now, 0)
+        return True
+
     # ------------------------------------------------------------------ stragglers
     def stragglers(self, running: list[tuple], now: float) -> list[tuple[int, frozenset[str]]]:
         """Which running attempts get a speculative copy (``find_stragglers`` decides)."""

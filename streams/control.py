@@ -39,7 +39,7 @@ from phaseroute.streams.policy import (
     AdmissionConfig, AttemptRecord, AttemptStatus, BacklogJob, FailureKind, FairConfig, FairScheduler,
     FreeCapacity, GiveUp, InFlightAttempt, JobSpec, ModelSpec, NoPlacement, Phase, PoolState, QualityTier,
     RequestWork, RetryConfig, RouterConfig, RouterState, RunningAttempt, TenantQuota, admit, dead_pools,
-    find_stragglers, next_step, redispatch_lost, route,
+    find_stragglers, give_up_unplaced, next_step, redispatch_lost, route,
 )
 from phaseroute.streams.policy import Admitted
 from phaseroute.streams.records import Send
@@ -97,9 +97,13 @@ class ControlPlane:
 
     # -- restart -------------------------------------------------------------------------
     def restore(self, now: float) -> int:
-        """Re-queue every request the tables say is pending or waiting to retry."""
+        """Re-queue every request the tables say is pending, or was failing when the process
+        stopped (its failed result may not have been sent: it gives up again on its next tick;
+        a result sent twice counts once)."""
         n = 0
         for rid, req in list(self.requests.items()):
+            if req["status"] == "failing":
+                req = self.requests[rid] = dict(req, status="pending")
             if req["status"] == "pending" and rid not in self._queued:
                 self._enqueue(rid, req, now)
                 n += 1
@@ -262,19 +266,19 @@ class ControlPlane:
                 self.fair.on_finished(rid, now, 0)
                 continue
             sent = self._dispatch(rid, req, release.request, pools, table, now)
-            if not sent:  # no pool can serve it now: back to its queue, tried again next tick
+            if isinstance(sent, NoPlacement):
                 self.fair.on_finished(rid, now, 0)
-                self._enqueue(rid, req, now)
-            sends += sent
+                sends += self._unplaced(rid, req, sent, now)
+            else:
+                sends += sent
         return sends
 
     # -- internals -----------------------------------------------------------------------
     def _dispatch(self, rid: str, req: dict[str, Any], work: RequestWork, pools: dict[str, PoolState],
-                  table: Any, now: float) -> list[Send]:
+                  table: Any, now: float) -> list[Send] | NoPlacement:
         decision = route(work, tuple(pools.values()), table, self.router_state, self.config.router, now, self.rng)
         if isinstance(decision, NoPlacement):
-            log.info("no placement for %s: %s", rid, decision.reason)
-            return []
+            return decision
         self.router_state.record(decision, work, now, self.config.router)
         attempt = req["attempt"]
         prefill_id = attempt_id(rid, "prefill", attempt)
@@ -285,6 +289,7 @@ class ControlPlane:
             req, status="dispatched", attempt=attempt + 1, attempt_id=prefill_id,
             decode_attempt_id=decode_id, prefill_pool=decision.prefill_pool, decode_pool=decision.decode_pool,
             colocated=decision.colocated, dispatched_at=now, started_at=now, phase="prefill", kv=None, history=history,
+            unplaced_since=None,
         )
         self.reports.colocated += decision.colocated
         self.reports.disaggregated += not decision.colocated
@@ -294,6 +299,22 @@ class ControlPlane:
         record = records.prefill_work(rid, req, prefill_id, attempt, decision.prefill_pool, decision.decode_pool,
                                       decision.colocated, now)
         return [Send(f"prefill.{decision.prefill_pool}", rid, "prefill_work", record)]
+
+    def _unplaced(self, rid: str, req: dict[str, Any], refusal: NoPlacement, now: float) -> list[Send]:
+        """No pool can take the request now: back to its queue, tried again next tick, until
+        ``give_up_unplaced`` ends a wait that outlived its deadline (a failed result with the reason)."""
+        since = req.get("unplaced_since")
+        if since is None:
+            log.info("no placement for %s: %s", rid, refusal.explain())
+            req = self.requests[rid] = dict(req, unplaced_since=now)
+            since = now
+        deadline = req["deadline_ms"] / 1000 if req.get("deadline_ms") is not None else None
+        step = give_up_unplaced(rid, deadline, since, now, refusal.explain(), self.config.retry)
+        if step is not None:
+            self.requests[rid] = dict(req, status="failing")  # the failed result below finishes it
+            return [Send("results", req["job_id"], "result", records.failed_result(rid, req, step.reason, now))]
+        self._enqueue(rid, req, now)
+        return []
 
     def _failed(self, rid: str, req: dict[str, Any], pool: str, phase: Phase, kind: FailureKind, detail: str,
                 now: float) -> list[Send]:

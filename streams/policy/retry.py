@@ -7,6 +7,10 @@ attempt history in the reason. A KV checksum failure, or a decode whose KV was l
 back to prefill. An attempt running longer than ``straggler_margin`` x its profile's p99
 duration (+ ``straggler_grace_s``) gets a :class:`SpeculativeCopy` on another pool; the first
 result wins (the tracker dedups results by request id and marks the loser SUPERSEDED).
+A request that no pool could place (every pool refused it: lost, too small for its KV, the
+wrong quality...) waits and is tried again; :func:`give_up_unplaced` ends that wait once it
+has lasted ``unplaced_give_up_s`` and the request's deadline has passed, so a job stranded by a
+pool that vanished still reaches a final state, with the router's reason in its output.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ class RetryConfig:
     """...plus this grace (covers queueing inside the worker)."""
     max_speculative_copies: int = 1
     """Extra running copies a request may have at once."""
+    unplaced_give_up_s: float = 1800.0
+    """A request no pool could place for this long (and past its deadline) fails."""
     confidence: ConfidenceConfig = field(default_factory=ConfidenceConfig)
 
     def __post_init__(self) -> None:
@@ -53,6 +59,7 @@ class RetryConfig:
         _checks.at_least(owner, "straggler_margin", self.straggler_margin, 1.0)
         _checks.non_negative(owner, "straggler_grace_s", self.straggler_grace_s)
         _checks.non_negative(owner, "max_speculative_copies", self.max_speculative_copies)
+        _checks.non_negative(owner, "unplaced_give_up_s", self.unplaced_give_up_s)
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,18 @@ def _summary(history: Sequence[AttemptRecord]) -> str:
         what = r.failure.value if r.failure else r.status.name.lower()
         parts.append(f"#{r.attempt} {r.phase.value} on {r.pool}: {what}{f' ({r.detail})' if r.detail else ''}")
     return "; ".join(parts)
+
+
+def give_up_unplaced(
+    request_id: str, deadline: float | None, unplaced_since: float, now: float, why: str, config: RetryConfig
+) -> GiveUp | None:
+    """GiveUp for a request no pool has placed since ``unplaced_since`` once that wait reaches
+    ``config.unplaced_give_up_s`` and its ``deadline`` (None: none) has passed; ``why`` is the
+    router's last refusal, carried into the reason. None: keep waiting (the pool may come back)."""
+    waited = now - unplaced_since
+    if waited < config.unplaced_give_up_s or (deadline is not None and now < deadline):
+        return None
+    return GiveUp(request_id, f"no pool could place it for {waited:.0f} s and its deadline has passed: {why}", 0)
 
 
 def next_step(history: Sequence[AttemptRecord], now: float, config: RetryConfig, rng: random.Random) -> Retry | GiveUp:

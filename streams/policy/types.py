@@ -373,3 +373,7 @@ class NoPlacement:
     request_id: str
     reason: str
     rejected: tuple[tuple[str, str], ...] = ()
+
+    def explain(self) -> str:
+        """The reason and every pool's (or path's) refusal, for a user-facing error."""
+        return "; ".join([self.reason, *(f"{where}: {why}" for where, why in self.rejected)])

@@ -18,6 +18,7 @@ from phaseroute.streams.policy import (
     backoff_delay,
     dead_pools,
     find_stragglers,
+    give_up_unplaced,
     is_straggler,
     next_step,
     redispatch_lost,
@@ -133,3 +134,26 @@ def test_pool_loss_redispatches_and_sends_orphaned_decodes_back_to_prefill():
     assert "its KV lived only there: prefill again" in out["r2"].reason
     assert (out["r3"].phase, out["r3"].kv_lost) == (Phase.DECODE, False)
     assert all(r.avoid_pools == dead for r in out.values())
+
+
+@pytest.mark.parametrize(("deadline", "since", "now", "gives_up"), [
+    (5_000.0, 1_000.0, 2_799.0, False),  # waited 1,799 s of 1,800
+    (5_000.0, 1_000.0, 4_999.0, False),  # waited long enough, but the deadline is still ahead: the pool may return
+    (5_000.0, 1_000.0, 5_000.0, True),
+    (2_000.0, 1_000.0, 2_800.0, True),   # deadline long past: the wait alone decides
+    (None, 1_000.0, 2_799.0, False),     # no deadline: only the wait
+    (None, 1_000.0, 2_800.0, True),
+])
+def test_an_unplaced_request_waits_then_gives_up_after_its_deadline(deadline, since, now, gives_up):
+    config = RetryConfig(unplaced_give_up_s=1_800.0)
+    verdict = give_up_unplaced("r1", deadline, since, now, "p1: alive: pool is not alive", config)
+    assert (verdict is not None) is gives_up
+    if verdict is not None:
+        assert verdict == GiveUp("r1", f"no pool could place it for {now - since:.0f} s and its deadline has passed:"
+                                       " p1: alive: pool is not alive", 0)
+
+
+def test_unplaced_give_up_must_not_be_negative():
+    with pytest.raises(ValueError, match="unplaced_give_up_s"):
+        RetryConfig(unplaced_give_up_s=-1.0)
+

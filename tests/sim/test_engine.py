@@ -122,6 +122,33 @@ def test_a_request_no_instance_can_hold_is_refused_not_blocking(tmp_path):
         assert all(p.running == 0 and not p.q_pre and not p.q_dec for p in sim.pools), name
 
 
+def test_a_request_stranded_by_a_pool_loss_gives_up_after_its_deadline(tmp_path):
+    """The 60k-token request fits only the H100 pool, which disappears at 0.5 s: no A10G instance
+    can hold it (42k KV tokens). phaseroute retries it until ``give_up_unplaced`` (a 60 s wait here,
+    and the 10-minute deadline passed) fails it and its job; the run then ends instead of idling
+    to its horizon. The other jobs meet their deadlines."""
+    from phaseroute.sim.fleet import parse_fleet
+    from phaseroute.sim.policy_bridge import PhaserouteDriver, PhaserouteOptions
+    from phaseroute.sim.workload import build_workload, parse_workload
+    from phaseroute.streams.policy import RetryConfig
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"timestamp": {i * 100}, "input_length": {n}, "output_length": 200}}\n'
+                             for i, n in enumerate([500, 60000, 700, 800])))
+    w = build_workload(parse_workload({"trace": str(trace), "model": "llama-3.1-8b",
+                                       "tenants": [{"name": "a", "job_size": [1, 1], "deadline_min": [10, 10]}]}))
+    f = parse_fleet({"failures": False, "events": [{"at_s": 0.5, "pool": "h100", "kind": "loss"}], "pools": [
+        {"name": "h100", "accelerator": "H100-SXM-80GB", "count": 1, "models": ["llama-3.1-8b"]},
+        {"name": "a10g", "accelerator": "A10G", "count": 1, "models": ["llama-3.1-8b"]}]})
+    driver = PhaserouteDriver(PhaserouteOptions(retry=RetryConfig(unplaced_give_up_s=60.0)))
+    sim, m = run_policy(w, f, "phaseroute", driver=driver)
+    deadline = float(w.job_deadline[1])
+    assert sim.job_state == ["done", "failed", "done", "done"] and m["jobs_met"] == 3
+    assert m["requests_gave_up"] == 1 and m["no_placement"] > 1
+    assert sim.job_reason[1].startswith("request 1 had no placement for ")
+    assert deadline <= sim.now < deadline + 10, "it gives up once the deadline has passed, not before"
+
+
 def test_routing_backoff_is_bounded():
     from phaseroute.sim.engine import backoff
 

@@ -280,6 +280,33 @@ def test_in_flight_work_of_a_pool_whose_heartbeats_stop_is_redispatched(model_in
     assert cp.reports.redispatched == len(on_p1)
 
 
+def test_a_request_stranded_by_a_lost_pool_fails_with_the_reason_once_its_deadline_passed(model_info) -> None:
+    """p1 is the only pool whose workers can hold these requests' KV; it vanishes before they are
+    placed. They wait (p1 may come back) until give_up_unplaced ends the wait after the deadline:
+    each gets a failed result naming why, and the job reaches FAILED instead of hanging."""
+    now = time.time()
+    cp = plane(model_info, {"p1": "BOTH", "p2": "BOTH"}, now)
+    cp.pools.on_record(dict(heartbeat("p1", "BOTH", now), kv_capacity_bytes=4 * 10**9))
+    cp.pools.on_record(dict(heartbeat("p2", "BOTH", now), kv_free_bytes=10**5, kv_capacity_bytes=10**5))  # 2 tokens
+    admit_all(cp, job("j-strand", "acme", 3, 600, now), now)
+    assert cp.jobs["j-strand"]["state"] == "ADMITTED"
+
+    def tick(t: float) -> list:
+        cp.pools.on_record(dict(heartbeat("p2", "BOTH", t), kv_free_bytes=10**5, kv_capacity_bytes=10**5))
+        return cp.tick(t)
+
+    assert tick(now + 30) == [], "p1 is silent, p2 too small: nothing is placed, nothing fails yet"
+    assert tick(now + 599) == [] and all(r["status"] == "pending" for r in cp.requests.values())
+    failed = [s.record for s in tick(now + 30 + cp.config.retry.unplaced_give_up_s) if s.topic == "results"]
+    assert len(failed) == 3 and {r["status"] for r in failed} == {"FAILED"}
+    assert failed[0]["error"].startswith("no pool could place it for 1800 s and its deadline has passed: ")
+    assert "p1/decode: alive: pool is not alive" in failed[0]["error"], failed[0]["error"]
+    assert "p2/decode: memory: needs " in failed[0]["error"], failed[0]["error"]
+    for record in failed:
+        cp.result(record, now + 1900)
+    assert states(written(cp, "j-strand", 3, now + 1901)) == ["FAILED"]
+
+
 def test_pool_view_reports_the_roomiest_worker_and_the_pool_sum():
     """Three workers of one pool: the router sees the sum of free KV and the most any one worker
     has (the KV of a request lives on one worker); a dead worker counts in neither."""
