@@ -8,9 +8,10 @@ what it returns):
 - ``tracker`` agents on ``kv.ready``, ``results``, ``attempts.failed`` -> progress, retries;
   ``output_written`` on ``results.written`` (the result sink's receipts) -> completion, once the
   output file holds every line; ``commands`` on ``jobs.commands`` -> cancellation.
-Undecodable messages go to ``deadletter`` with the reason. Tables use ``use_partitioner`` (keys
-hashed like any producer would), are changelog-backed and rebuilt from Kafka at start; then
-``restore`` re-queues what was pending. One control-plane process owns all partitions.
+Undecodable messages go to ``deadletter`` with the reason. Tables (``jobs``, ``requests``, and
+``fairness``: each tenant's VTC counter) use ``use_partitioner`` (keys hashed like any producer
+would), are changelog-backed and rebuilt from Kafka at start; then ``restore`` gives the fair
+scheduler back its counters and running requests and re-queues what was pending. One control-plane process owns all partitions.
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ def build_app(settings: Settings, config: ControlConfig, models: tuple[str, ...]
 
     jobs = app.Table("jobs", default=None, partitions=CONTROL_PARTITIONS, use_partitioner=True)
     requests = app.Table("requests", default=None, partitions=CONTROL_PARTITIONS, use_partitioner=True)
+    fairness = app.Table("fairness", default=None, partitions=CONTROL_PARTITIONS, use_partitioner=True)
     profile_view, pool_view = ProfileView(), PoolView(dead_after_s=config.heartbeat_timeout_s)
     infos = {m: load_model_info(m, settings.model_cache) for m in models}
-    control = ControlPlane(jobs, requests, profile_view, pool_view, infos, config)
+    control = ControlPlane(jobs, requests, profile_view, pool_view, infos, config, fairness=fairness)
     handle: dict[str, Any] = {"control": control, "profiles": profile_view, "pools": pool_view, "followers": [],
                               "ready": False}
     out_topics: dict[tuple[str, str], faust.TopicT] = {}

@@ -17,8 +17,9 @@ Life of a job through the control plane:
    failed, up to a limit, then fails with its history.
 5. ``output_written`` (``results.written``): the result sink's receipt of how many output lines
    are fsynced. A job gets COMPLETED/FAILED when every request has a result and a line on disk.
-The ``jobs`` and ``requests`` mappings are Faust tables in production (changelog-backed, so a
-restarted control plane rebuilds them from Kafka and re-queues what was pending); every
+The ``jobs``, ``requests`` and ``fairness`` mappings are Faust tables in production
+(changelog-backed, so a restarted control plane rebuilds them from Kafka, re-queues what was
+pending and gives the fair scheduler back each tenant's counter and running requests); every
 decision that leaves this class is a ``Send``.
 """
 
@@ -77,8 +78,11 @@ class Reports:
 
 class ControlPlane:
     def __init__(self, jobs: MutableMapping[str, Any], requests: MutableMapping[str, Any], profiles: ProfileView,
-                 pools: PoolView, models: dict[str, ModelInfo], config: ControlConfig, seed: int = 0) -> None:
+                 pools: PoolView, models: dict[str, ModelInfo], config: ControlConfig, seed: int = 0,
+                 fairness: MutableMapping[str, Any] | None = None) -> None:
         self.jobs, self.requests = jobs, requests
+        self.fairness: MutableMapping[str, Any] = {} if fairness is None else fairness  # tenant -> saved VTC state
+        self._fairness_saved: dict[str, tuple[float, float]] = {}
         self.profiles, self.pools = profiles, pools
         self.models = models
         self.config = config
@@ -97,11 +101,17 @@ class ControlPlane:
 
     # -- restart -------------------------------------------------------------------------
     def restore(self, now: float) -> int:
-        """Re-queue every request the tables say is pending, or was failing when the process
-        stopped (its failed result may not have been sent: it gives up again on its next tick;
-        a result sent twice counts once)."""
+        """Restore the fair scheduler's tenant counters and running requests, and re-queue every
+        request the tables say is pending, or was failing when the process stopped (its failed
+        result may not have been sent: it gives up again on its next tick; a result sent twice
+        counts once)."""
+        saved = {t: (v["counter"], v["served_cost"]) for t, v in self.fairness.items()}
+        self.fair.restore(saved)
+        self._fairness_saved = dict(saved)
         n = 0
         for rid, req in list(self.requests.items()):
+            if req["status"] == "dispatched":  # still running somewhere: it holds its tenant's slot again
+                self.fair.resume(self._work(rid, req))
             if req["status"] == "failing":
                 req = self.requests[rid] = dict(req, status="pending")
             if req["status"] == "pending" and rid not in self._queued:
@@ -254,6 +264,13 @@ class ControlPlane:
             self._profile_version = self.profiles.version
             self.router_state.refresh(tuple(pools.values()), self.profiles.table(), self.config.router, now)
         sends = self._requeue_due(now) + self._handle_dead_pools(pools, now) + self._speculate(pools, now)
+        sends += self._release(pools, now)
+        self._save_fairness()
+        return sends
+
+    def _release(self, pools: dict[str, PoolState], now: float) -> list[Send]:
+        """The fair scheduler releases up to the free capacity; the router places each release."""
+        sends: list[Send] = []
         free = self._free_slots(pools)
         if free <= 0:
             return sends
@@ -274,6 +291,14 @@ class ControlPlane:
         return sends
 
     # -- internals -----------------------------------------------------------------------
+    def _save_fairness(self) -> None:
+        """Write each tenant whose VTC state changed since the last write (a restart loses at most
+        the corrections of results since the last tick)."""
+        for tenant, value in self.fair.state().items():
+            if self._fairness_saved.get(tenant) != value:
+                self.fairness[tenant] = {"counter": value[0], "served_cost": value[1]}
+                self._fairness_saved[tenant] = value
+
     def _dispatch(self, rid: str, req: dict[str, Any], work: RequestWork, pools: dict[str, PoolState],
                   table: Any, now: float) -> list[Send] | NoPlacement:
         decision = route(work, tuple(pools.values()), table, self.router_state, self.config.router, now, self.rng)

@@ -5,7 +5,13 @@ within the tenant); ``schedule(free, now)`` releases requests in bounded *units*
 tenants in VTC order, only up to the capacity the caller says is free (backpressure); the
 caller routes each release and calls ``on_finished`` when the request is done (success or
 give-up), which frees the tenant's in-flight slot and corrects the charge to the tokens
-actually generated.
+actually generated. A released request enqueued again (a retry, work of a lost pool) gives its
+slot back first and keeps what it was charged: the fleet did that work.
+
+The state survives a restart of its owner: ``state()`` is each tenant's counter and served
+cost (the control plane keeps it in a changelog-backed table); ``restore`` puts it back and
+``resume`` re-registers the requests still running, so a flooding tenant neither gets a fresh
+start nor a second set of in-flight slots.
 
 VTC (Sheng et al., OSDI'24): each tenant has a counter of the service it received, divided
 by its weight; the backlogged tenant with the smallest counter is served next, and a tenant
@@ -134,6 +140,8 @@ class FairScheduler:
 
     # --- input -------------------------------------------------------------------------
     def enqueue(self, request: RequestWork, now: float) -> None:
+        if request.request_id in self._running:  # released before and back (retry, lost pool): free its slot
+            self.on_finished(request.request_id, now)
         state = self._tenants.setdefault(request.tenant, _Tenant())
         if not state.queue:
             backlogged = [t.counter for t in self._tenants.values() if t.queue]
@@ -174,6 +182,29 @@ class FairScheduler:
         self._job_cost.pop(job_id, None)
         return removed
 
+    # --- restart -----------------------------------------------------------------------
+    def state(self) -> dict[str, tuple[float, float]]:
+        """What must survive a restart: tenant -> (counter, served cost)."""
+        return {t: (s.counter, s.served_cost) for t, s in sorted(self._tenants.items())}
+
+    def restore(self, saved: Mapping[str, tuple[float, float]]) -> None:
+        """Put back each tenant's counter and served cost from :meth:`state` (before any enqueue)."""
+        for tenant, (counter, served_cost) in saved.items():
+            if not (math.isfinite(counter) and math.isfinite(served_cost)):
+                raise ValueError(f"tenant {tenant!r}: saved counter {counter!r} / served cost {served_cost!r} must be finite")
+            state = self._tenants.setdefault(tenant, _Tenant())
+            state.counter, state.served_cost = counter, served_cost
+        if saved:
+            self._floor = max(self._floor, min(counter for counter, _ in saved.values()))
+
+    def resume(self, request: RequestWork) -> None:
+        """A request released before the restart and still running holds its tenant's in-flight
+        slot again; it was charged then (kept in the restored counter) and is corrected at finish."""
+        if request.request_id in self._running:
+            return
+        self._tenants.setdefault(request.tenant, _Tenant()).in_flight += 1
+        self._running[request.request_id] = (request.tenant, self._expected_output(request))
+
     # --- decision ----------------------------------------------------------------------
     def schedule(self, free: FreeCapacity, now: float, fleet_cost_per_s: float | None = None) -> SchedulerOutput:
         """Release units in VTC order until ``free`` is used or nobody is eligible.
@@ -200,9 +231,11 @@ class FairScheduler:
             unit += 1
         return SchedulerOutput(tuple(releases), self.counters(), stop)
 
+    def _expected_output(self, request: RequestWork) -> float:
+        return self.config.expected_output_fraction * request.max_output_tokens
+
     def _charge(self, request: RequestWork) -> float:
-        expected = self.config.expected_output_fraction * request.max_output_tokens
-        return self.config.cost(request.prompt_tokens, expected)
+        return self.config.cost(request.prompt_tokens, self._expected_output(request))
 
     def _slack(self, tenant: str, now: float, fleet_cost_per_s: float | None) -> float:
         head = self._tenants[tenant].queue[0][2]
@@ -247,8 +280,7 @@ class FairScheduler:
                 self._job_cost[request.job_id] = left
             else:
                 self._job_cost.pop(request.job_id, None)
-            expected = self.config.expected_output_fraction * request.max_output_tokens
-            self._running[request.request_id] = (tenant, expected)
+            self._running[request.request_id] = (tenant, self._expected_output(request))
         return taken
 
     # --- reporting ---------------------------------------------------------------------

@@ -172,3 +172,52 @@ def test_report_exposes_counters():
     rep = {r.tenant: r for r in s.report()}
     assert rep["A"].weight == 2.0 and rep["A"].max_in_flight == 7
     assert s.counters() == {"A": rep["A"].counter, "B": rep["B"].counter}
+
+
+def test_a_request_enqueued_again_gives_back_its_in_flight_slot():
+    """A retry or a request of a lost pool comes back to the queue while still counted as
+    running: its slot is freed first (it used to leak one slot per retry), its charge is kept."""
+    s = FairScheduler(FairConfig(default_max_in_flight=2))
+    fill(s, work("A", 2))
+    first = s.schedule(FreeCapacity(2), 0.0).releases
+    assert s.report()[0].in_flight == 2
+    s.enqueue(first[0].request, 1.0)  # retried
+    (rep,) = s.report()
+    assert rep.in_flight == 1 and rep.counter == 2 * COST, "the failed attempt's service stays charged"
+    again = s.schedule(FreeCapacity(2), 2.0).releases
+    assert [r.request.request_id for r in again] == [first[0].request.request_id]
+    assert s.report()[0].in_flight == 2
+    for r in (again[0], first[1]):
+        assert s.on_finished(r.request.request_id, 3.0, 100)
+    assert s.report()[0].in_flight == 0
+
+
+def test_state_restored_after_a_restart_keeps_counters_and_running_slots():
+    """After a restart the flood keeps its counter and served cost (no fresh start), its three
+    running requests hold their slots again (no second set of slots), and their finish still
+    corrects the charge."""
+    before = FairScheduler(FairConfig(default_max_in_flight=4))
+    fill(before, work("flood", 40))
+    drive(before, 10, 1)  # only the flood is backlogged: it is served alone
+    running = before.schedule(FreeCapacity(3), 10.0).releases
+    saved = before.state()
+    assert saved["flood"] == (13 * COST, 13 * COST)
+
+    after = FairScheduler(FairConfig(default_max_in_flight=4))
+    after.restore(saved)
+    for r in running:
+        after.resume(r.request)
+    fill(after, [r for r in work("flood", 40)[13:]] + work("small", 5), now=11.0)
+    rep = {r.tenant: r for r in after.report()}
+    assert rep["flood"].in_flight == 3 and rep["flood"].counter == 13 * COST
+    assert rep["small"].counter == 13 * COST, "a newcomer is lifted to the minimum backlogged counter, no lower"
+    out = after.schedule(FreeCapacity(3), 12.0).releases
+    assert [r.request.tenant for r in out].count("flood") <= 1, "the flood has 1 slot left of 4"
+    charged = after.counters()["flood"]
+    assert after.on_finished(running[0].request.request_id, 13.0, 50)
+    assert after.counters()["flood"] == charged - 2 * (100 - 50)
+
+
+def test_restore_rejects_a_counter_that_is_not_finite():
+    with pytest.raises(ValueError, match="tenant 'A': saved counter nan"):
+        FairScheduler().restore({"A": (float("nan"), 0.0)})

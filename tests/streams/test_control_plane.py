@@ -307,6 +307,26 @@ def test_a_request_stranded_by_a_lost_pool_fails_with_the_reason_once_its_deadli
     assert states(written(cp, "j-strand", 3, now + 1901)) == ["FAILED"]
 
 
+def test_a_restarted_control_plane_keeps_the_tenants_counters_and_running_slots(model_info) -> None:
+    """The fairness table holds each tenant's VTC counter: a control plane rebuilt from the same
+    tables (as Faust rebuilds them from their changelogs) continues the tenants' counters and
+    counts the requests still running against their in-flight caps."""
+    now = time.time()
+    first = plane(model_info, {"colo": "BOTH"}, now)
+    admit_all(first, job("j-flood", "flood", 30, 3600, now), now)
+    sent = [s for s in first.tick(now + 0.1) if s.topic.startswith("prefill.")]
+    assert sent and set(first.fairness) == {"flood"}
+    before = first.fair.state()
+    assert first.fairness["flood"] == {"counter": before["flood"][0], "served_cost": before["flood"][1]}
+
+    again = ControlPlane(first.jobs, first.requests, first.profiles, first.pools, first.models, first.config,
+                         fairness=first.fairness)
+    again.restore(now + 1)
+    assert again.fair.state() == before
+    (report,) = again.fair.report()
+    assert report.in_flight == len(sent) and report.queued_requests == 30 - len(sent)
+
+
 def test_pool_view_reports_the_roomiest_worker_and_the_pool_sum():
     """Three workers of one pool: the router sees the sum of free KV and the most any one worker
     has (the KV of a request lives on one worker); a dead worker counts in neither."""
