@@ -26,6 +26,7 @@ offered load.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -215,22 +216,34 @@ def _variables(jw: JobWork, placements: dict[str, list[tuple[int, int]]], dt: fl
     return v[0], v[1], v[2], v[3]
 
 
+def _pool_sets(n: int) -> list[tuple[int, ...]]:
+    """The sets of pools fit rows are written for: every non-empty set on small fleets, else
+    each pool alone and each pool left out (the sets a lost pool leaves behind)."""
+    if n <= 8:
+        return [c for k in range(1, n + 1) for c in itertools.combinations(range(n), k)]
+    return [(i,) for i in range(n)] + [tuple(k for k in range(n) if k != i) for i in range(n)]
+
+
 def _fit_rows(rows: _Rows, jw: JobWork, pools: list[LPPool], va, vb, vj) -> None:
-    """A pool can serve at most the share of a job's tokens whose requests fit one of its
-    instances (prompt + output in KV for decode or colocated, the prompt for prefill)."""
+    """The pools of a set S together serve at most the share of a job's tokens whose requests
+    fit an instance of some pool in S (prompt + output in KV for decode or colocated, the prompt
+    for prefill). One pool alone is the plain fit; a set matters when a pool that alone holds
+    the largest requests is lost: the others cannot take those requests' tokens between them."""
     if jw.requests is None:
         return
     group, L, O = jw.requests
     J = len(jw.tokens)
-    for i, p in enumerate(pools):
-        tokens_fit = (L + O) * p.perf.kv_per_token <= p.perf.kv_capacity
-        prompt_fit = L * p.perf.kv_per_token <= p.perf.kv_capacity
-        for fits, on_pool in ((tokens_fit, vb == i), (prompt_fit, va == i)):
-            share = np.bincount(group, weights=(L + O) * fits, minlength=J) / np.maximum(jw.tokens, 1e-12)
+    decode_fit = np.stack([(L + O) * p.perf.kv_per_token <= p.perf.kv_capacity for p in pools])
+    prefill_fit = np.stack([L * p.perf.kv_per_token <= p.perf.kv_capacity for p in pools])
+    for pool_set in _pool_sets(len(pools)):
+        members = np.array(pool_set)
+        for fit, var_pool in ((decode_fit, vb), (prefill_fit, va)):
+            fits_any = fit[members].any(axis=0)
+            share = np.bincount(group, weights=(L + O) * fits_any, minlength=J) / np.maximum(jw.tokens, 1e-12)
             if (share >= 1 - 1e-12).all():
                 continue
             r0 = rows.block(np.minimum(share, 1.0))
-            sel = np.flatnonzero(on_pool)
+            sel = np.flatnonzero(np.isin(var_pool, members))
             rows.add(r0 + vj[sel], sel, np.ones(len(sel)))
 
 

@@ -49,6 +49,23 @@ def test_link_limits_disaggregation_by_hand():
     assert sized.cost_per_hour == pytest.approx(1.0 * (1.0 / 5) + 1.0 * (0.01 / 5), rel=1e-6)
 
 
+def test_pools_together_serve_only_the_requests_one_of_them_can_hold():
+    # One job: a small request (100 + 100 tokens) and a large one (900 + 100). Two pools whose
+    # instances hold 500 tokens of KV each: only the small request fits either. Each pool alone may
+    # take 1/6 of the job's tokens; the two together may not take 2/6 (the large request's tokens
+    # cannot be split between them), so the bound serves exactly the small request: 200 tokens.
+    jw = JobWork(["m"], np.array([0.0]), np.array([100.0]), np.array([1200.0]), np.array([1000.0]),
+                 np.array([100.0**2 + 900.0**2]), np.array([200.0]), np.array([100 * 150.0 + 100 * 950.0]), 101.0,
+                 requests=(np.array([0, 0]), np.array([100.0, 900.0]), np.array([100.0, 100.0])))
+    small = InstancePerf("X", "m", 1, flops=1e12, flops_decode=1e12, bandwidth=1e12, weight_bytes=0.0,
+                         kv_per_token=1.0, kv_capacity=500.0, two_p=1e9, dec_attn=0.0, pre_attn=0.0,
+                         overhead=0.0, max_batch=1)
+    pools = [LPPool(n, n, "m", small, 1.0, ("prefill", "decode"), 1e9, 1.0) for n in ("a", "b")]
+    res = solve(jw, pools, n_intervals=1)
+    assert res.status == "optimal"
+    assert res.objective_tokens == pytest.approx(200.0)
+
+
 def test_bound_is_not_beaten_and_reacts_to_events(sim_inputs):
     tight = [{"name": "a", "weight": 2, "share": 0.5, "job_size": [20, 60], "deadline_s": [30, 60]},
              {"name": "b", "weight": 1, "share": 0.5, "job_size": [20, 60], "deadline_s": [30, 90]}]
