@@ -170,7 +170,8 @@ def run_demo(settings: Settings, as_json: bool, scale: float, timeout_s: float, 
         until = time.time()
         time.sleep(2.0)  # the telemetry service flushes every second
         doc = summarize.collect(settings.bootstrap_servers, settings.telemetry_port, states, job_ids,
-                                [p.name for p in pools], {t: v["weight"] for t, v in TENANTS.items()}, since, until)
+                                [p.name for p in pools], {t: v["weight"] for t, v in TENANTS.items()}, since, until,
+                                prefill_pools=[p.name for p in pools if p.phase in ("prefill", "both")])
         doc["pools_spec"] = [p.__dict__ for p in pools]
     finally:
         for name in reversed(started):

@@ -61,27 +61,34 @@ def routing(results: list[dict[str, Any]], job_ids: set[str]) -> dict[str, Any]:
     }
 
 
-def tenant_shares(results: list[dict[str, Any]], job_ids: set[str], weights: dict[str, float]) -> list[dict[str, Any]]:
-    """Served cost (input + 2 x output tokens, as VTC counts it) per tenant vs its weighted share,
-    over the whole run and while every tenant was still backlogged (until the first one's last
-    result): fairness is about the contended period, not the tail one tenant has alone."""
+def tenant_shares(results: list[dict[str, Any]], releases: list[dict[str, Any]], job_ids: set[str],
+                  weights: dict[str, float]) -> list[dict[str, Any]]:
+    """Served cost (input + 2 x output tokens, as VTC counts it) per tenant vs its weighted share:
+    over the whole run from the results, and from the fair scheduler's releases (the first
+    ``prefill_work`` of each request, charged prompt + 2 x max_tokens) while every tenant still
+    had work queued, i.e. until the first tenant's last release. Fairness is decided at release:
+    completions lag it by the service time, so a window cut by completions would credit the
+    tenant whose requests are quickest, not the scheduler's choices."""
     first: dict[str, dict[str, Any]] = {}
     for r in results:
         if r["job_id"] in job_ids and r["status"] == "OK":
             first.setdefault(r["request_id"], r)
-    last_done: dict[str, int] = {}
+    released: dict[str, dict[str, Any]] = {}
+    for w in sorted(releases, key=lambda w: w["dispatched_at"]):
+        if w["job_id"] in job_ids:
+            released.setdefault(w["request_id"], w)
+    last_release: dict[str, int] = {}
+    for w in released.values():
+        last_release[w["tenant"]] = max(last_release.get(w["tenant"], 0), w["dispatched_at"])
+    contended_until = min(last_release.values(), default=0)
+
+    whole: dict[str, float] = {}
     for r in first.values():
-        last_done[r["tenant"]] = max(last_done.get(r["tenant"], 0), r["completed_at"])
-    contended_until = min(last_done.values(), default=0)
-
-    def shares(rows: list[dict[str, Any]]) -> dict[str, float]:
-        cost: dict[str, float] = {}
-        for r in rows:
-            cost[r["tenant"]] = cost.get(r["tenant"], 0) + r["prompt_tokens"] + 2 * r["completion_tokens"]
-        return cost
-
-    whole = shares(list(first.values()))
-    contended = shares([r for r in first.values() if r["completed_at"] <= contended_until])
+        whole[r["tenant"]] = whole.get(r["tenant"], 0) + r["prompt_tokens"] + 2 * r["completion_tokens"]
+    contended: dict[str, float] = {}
+    for w in released.values():
+        if w["dispatched_at"] <= contended_until:
+            contended[w["tenant"]] = contended.get(w["tenant"], 0) + w["prompt_tokens"] + 2 * w["max_tokens"]
     total, total_c = sum(whole.values()) or 1, sum(contended.values()) or 1
     weight_total = sum(weights.get(t, 1.0) for t in whole) or 1
     return [{"tenant": t, "weight": weights.get(t, 1.0), "served_cost": int(c), "share": round(c / total, 3),
@@ -105,10 +112,15 @@ def pool_utilization(port: int, pools: list[str], since_s: float, until_s: float
 
 
 def collect(bootstrap: str, port: int, states: dict[str, dict[str, Any]], job_ids: list[str], pools: list[str],
-            weights: dict[str, float], since_s: float, until_s: float) -> dict[str, Any]:
+            weights: dict[str, float], since_s: float, until_s: float,
+            prefill_pools: list[str] | None = None) -> dict[str, Any]:
+    """The demo's summary; ``prefill_pools`` (default: ``pools``) are the pools whose
+    ``prefill.<pool>`` topic holds the fair scheduler's releases."""
     consumer = _consumer(bootstrap)
     try:
         results = read_since(consumer, "results", since_s - 5, "result", timeout_s=15)
+        releases = [w for pool in (pools if prefill_pools is None else prefill_pools)
+                    for w in read_since(consumer, f"prefill.{pool}", since_s - 5, "prefill_work", timeout_s=15)]
     finally:
         consumer.close()
     ours = set(job_ids)
@@ -121,7 +133,7 @@ def collect(bootstrap: str, port: int, states: dict[str, dict[str, Any]], job_id
         "jobs": jobs,
         "deadline_misses": sum(1 for j in jobs if j["deadline_missed"]),
         "routing": routing(results, ours),
-        "tenants": tenant_shares(results, ours, weights),
+        "tenants": tenant_shares(results, releases, ours, weights),
         "pools": pool_utilization(port, pools, since_s, until_s),
         "quality_drift": drift_summary(port, since_s),
     }
