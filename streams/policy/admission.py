@@ -4,11 +4,10 @@ Order of checks (the first failure decides): malformed input -> empty job -> unk
 -> prompt + max output over the model's context -> deadline already past -> tenant quotas
 (queued tokens, running jobs) -> fleet capacity for the model -> a request bigger than any
 one worker's KV memory (only where every serving pool reports its workers' capacity) ->
-deadline feasibility. The
-completion estimate converts every job's remaining tokens into seconds at the fleet's
-measured throughput for its model (prefill tokens / prefill tokens/s + output tokens /
-decode tokens/s, times ``safety_factor``) and slots the new job into the admitted backlog in
-deadline order (``feasibility``). An infeasible deadline is rejected early, naming the
+deadline feasibility. The completion estimate converts every job's remaining tokens into
+seconds at the fleet's measured throughput for its model (prefill tokens / prefill tokens/s +
+output tokens / decode tokens/s, times ``safety_factor``) and slots the new job into the
+admitted backlog in deadline order (``feasibility``). An infeasible deadline is rejected early, naming the
 earliest deadline that would be accepted now. An admitted job comes back split into requests.
 """
 
