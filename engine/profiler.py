@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 
 from phaseroute.engine.protocol import DecodeRequest, PrefillItem, PrefillResult
+from phaseroute.schemas.enums import Phase
 
 TABLE = "engine_profile"
 COLUMNS = [
@@ -84,7 +85,7 @@ def _prefill_cell(ex: Any, batch: int, length: int, repeats: int) -> dict[str, A
         deltas.append(max(0, psutil.Process().memory_info().rss - rss))
         del results
     latency = statistics.mean(latencies)
-    return _cell("prefill", batch, length, latencies, batch * length / latency, statistics.median(deltas) / (batch * length))
+    return _cell(Phase.PREFILL.value, batch, length, latencies, batch * length / latency, statistics.median(deltas) / (batch * length))
 
 
 def _decode_cell(ex: Any, prompt: PrefillResult, batch: int, steps: int) -> dict[str, Any]:
@@ -99,7 +100,7 @@ def _decode_cell(ex: Any, prompt: PrefillResult, batch: int, steps: int) -> dict
         latencies.append(time.perf_counter() - t0)
     live = sum(session.slots.lengths)
     per_token = session.kv_bytes_allocated() / max(1, live)
-    return _cell("decode", batch, prompt.prompt_len, latencies, batch / statistics.mean(latencies), per_token)
+    return _cell(Phase.DECODE.value, batch, prompt.prompt_len, latencies, batch / statistics.mean(latencies), per_token)
 
 
 def _cell(phase: str, batch: int, seq_len: int, latencies: list[float], tokens_per_s: float, mem_per_token: float) -> dict[str, Any]:

@@ -11,6 +11,8 @@ from typing import Any
 
 
 class QualityTier(StrEnum):
+    """What a job accepts: EXACT (reference-quality paths only) or APPROXIMATE (down to a tolerance)."""
+
     EXACT = "EXACT"
     APPROXIMATE = "APPROXIMATE"
 
@@ -109,8 +111,9 @@ class FinishReason(StrEnum):
     ERROR = "ERROR"
 
 
-class Phase(StrEnum):
-    """Kind of measured work (telemetry and profile rows)."""
+class TelemetryPhase(StrEnum):
+    """Kind of measured work in telemetry records (Avro ``phaseroute.Phase``): a request phase,
+    or colocated prefill+decode, or a KV transfer."""
 
     PREFILL = "PREFILL"
     DECODE = "DECODE"
@@ -135,12 +138,23 @@ class WorkerStatus(StrEnum):
     DOWN = "DOWN"
 
 
-class AttemptPhase(StrEnum):
+class Phase(StrEnum):
+    """The two phases of a request (Avro ``phaseroute.AttemptPhase``): the prompt
+    (compute-bound) and the output tokens (memory-bound). The one definition: the policy, the
+    control core, the workers and the simulator all use this enum."""
+
     PREFILL = "PREFILL"
     DECODE = "DECODE"
 
+    @property
+    def slug(self) -> str:
+        """The phase as it appears in attempt ids and log text: ``prefill`` / ``decode``."""
+        return self.value.lower()
+
 
 class ProfileSource(StrEnum):
+    """Where a profile row came from; TELEMETRY is blended toward PROFILER, PROFILER toward DATASHEET."""
+
     PROFILER = "PROFILER"
     TELEMETRY = "TELEMETRY"
     DATASHEET = "DATASHEET"
@@ -158,11 +172,17 @@ class CanaryMode(StrEnum):
 
 
 class QualityState(StrEnum):
+    """A path's quality state under measured drift (``streams/policy/quality.py`` moves it)."""
+
     UNMEASURED = "UNMEASURED"
     HEALTHY = "HEALTHY"
-    SUSPECT = "SUSPECT"
+    SUSPECT = "SUSPECT"  # failed, not yet demote_after times in a row
     DEMOTED = "DEMOTED"
-    RECOVERING = "RECOVERING"
+    RECOVERING = "RECOVERING"  # demoted, passing toward recover_after
+
+    @property
+    def exact_ok(self) -> bool:
+        return self not in (QualityState.DEMOTED, QualityState.RECOVERING)
 
 
 class QualityAlertKind(StrEnum):
@@ -170,12 +190,17 @@ class QualityAlertKind(StrEnum):
     RECOVERED = "RECOVERED"
 
 
-#: Avro enum full name -> Python enum, for the drift test and generic conversion.
+#: Avro enum full name -> Python enum, for the drift test and generic conversion. Two Python
+#: names differ from their Avro names: the request phase (Avro AttemptPhase) is ``Phase``, the
+#: telemetry kind (Avro Phase) is ``TelemetryPhase``.
 AVRO_ENUMS: dict[str, type[StrEnum]] = {
+    "phaseroute.Phase": TelemetryPhase,
+    "phaseroute.AttemptPhase": Phase,
+} | {
     f"phaseroute.{cls.__name__}": cls
     for cls in (
         QualityTier, JobCommandKind, JobEventKind, JobState, ResultStatus, FinishReason,
-        Phase, BatchStatus, PoolPhase, WorkerStatus, ProfileSource, DeadLetterStage, AttemptPhase,
+        BatchStatus, PoolPhase, WorkerStatus, ProfileSource, DeadLetterStage,
         CanaryMode, QualityState, QualityAlertKind,
     )
 }

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from phaseroute.schemas.enums import (
-    AttemptPhase,
     BatchStatus,
     DeadLetterStage,
     Phase,
@@ -18,6 +17,7 @@ from phaseroute.schemas.enums import (
     ProfileSource,
     QualityAlertKind,
     QualityState,
+    TelemetryPhase,
     WorkerStatus,
 )
 from phaseroute.schemas.typed import AvroRecord
@@ -32,7 +32,7 @@ class PhaseTelemetry(AvroRecord):
     pool: str
     worker_id: str
     model: str
-    phase: Phase
+    phase: TelemetryPhase
     variant: str
     batch_size: int
     tokens_in: int
@@ -60,7 +60,7 @@ class AttemptFailed(AvroRecord):
     job_id: str
     tenant: str
     attempt: int
-    phase: AttemptPhase
+    phase: Phase
     pool: str
     worker_id: str
     error_class: str
@@ -115,7 +115,7 @@ class PathQuality(AvroRecord):
 class ProfileRow(AvroRecord):
     KIND: ClassVar[str] = "profile_row"
     model: str
-    phase: Phase
+    phase: TelemetryPhase
     pool: str
     variant: str
     source_pool: str | None = None

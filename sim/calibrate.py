@@ -60,7 +60,7 @@ def points_from_rows(rows, prompt_tokens: int, context_tokens: int) -> list[Poin
     """Measured ProfileRows (policy package) -> points at the given prompt / context length."""
     out = []
     for row in rows:
-        phase = row.phase.value
+        phase = row.phase.slug
         for p in row.curve:
             out.append(Point(phase, p.batch_size, prompt_tokens if phase == "prefill" else context_tokens, p.tokens_per_s))
     return out

@@ -75,7 +75,7 @@ class PhaserouteDriver:
         self.rng = random.Random(sim.cfg.seed * 7919 + 1)
         self.names = [p.spec.name for p in sim.pools]
         self.index = {n: i for i, n in enumerate(self.names)}
-        self.phases = [frozenset(P.Phase(ph) for ph in p.spec.phases) for p in sim.pools]
+        self.phases = [frozenset(P.Phase(ph.upper()) for ph in p.spec.phases) for p in sim.pools]
         self.models = [frozenset({p.spec.model}) for p in sim.pools]
         cat = load_catalogue()
         self.model_specs = {m: P.ModelSpec(m, cat.models[m].context_tokens if m in cat.models else 131072)
@@ -173,7 +173,7 @@ class PhaserouteDriver:
         outputs = sim.output[first:first + count]
         job_id = f"j{j}"
         deadline = float(w.job_deadline[j])
-        tier = P.QualityTier(tenant.quality)
+        tier = P.QualityTier(tenant.quality.upper())
         spec = P.JobSpec(job_id, tenant.name, tenant.model, prompts, max(outputs), deadline, tier, 0.0,
                          tenant.priority, output_tokens=tuple(outputs))
         if self.opt.admit_jobs:
@@ -233,13 +233,13 @@ class PhaserouteDriver:
         name = self.names[pool]
         if cause == "pool_lost":
             dead = P.dead_pools(self.pool_states(now), now, self.opt.router.heartbeat_timeout_s) | {name}
-            attempt = P.InFlightAttempt(rw.request_id, P.Phase(phase), sim.attempt[rid] - 1, name, sim.attempt[rid])
+            attempt = P.InFlightAttempt(rw.request_id, P.Phase(phase.upper()), sim.attempt[rid] - 1, name, sim.attempt[rid])
             redo = P.redispatch_lost([attempt], frozenset(dead))
             if redo:
                 self.work[rid] = replace(rw, attempt=sim.attempt[rid], avoid_pools=rw.avoid_pools | redo[0].avoid_pools)
                 return now
         kind = P.FailureKind.WORKER_DEATH if cause == "worker_death" else P.FailureKind.ERROR
-        record = P.AttemptRecord(rw.request_id, P.Phase(phase), sim.attempt[rid] - 1, name, P.AttemptStatus.FAILED,
+        record = P.AttemptRecord(rw.request_id, P.Phase(phase.upper()), sim.attempt[rid] - 1, name, P.AttemptStatus.FAILED,
                                  now, now, kind, cause, kv_lost=phase == "decode")
         history = self.history.setdefault(rid, [])
         history.append(record)
@@ -265,7 +265,7 @@ class PhaserouteDriver:
         for rid, phase, pool, started, tokens, batch in running:
             rw = self.work[rid]
             rid_of[rw.request_id] = rid
-            attempts.append(P.RunningAttempt(rw.request_id, P.Phase(phase), rw.attempt, self.names[pool], rw.model,
+            attempts.append(P.RunningAttempt(rw.request_id, P.Phase(phase.upper()), rw.attempt, self.names[pool], rw.model,
                                              started, tokens, max(1, batch), rw.attempt + 1))
         copies = P.find_stragglers(attempts, self.table, self.pool_states(now), now, self.opt.retry)
         return [(rid_of[c.request_id], c.avoid_pools) for c in copies]

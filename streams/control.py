@@ -135,7 +135,7 @@ class ControlPlane:
         spec = JobSpec(
             job_id=job["job_id"], tenant=job["tenant"], model=job["model"], prompt_tokens=tuple(p.tokens for p in prompts),
             max_output_tokens=max((p.max_tokens for p in prompts), default=int(job["sampling"]["max_tokens"])),
-            deadline=job["deadline"] / 1000, quality_tier=QualityTier(job["quality_tier"].lower()),
+            deadline=job["deadline"] / 1000, quality_tier=QualityTier(job["quality_tier"]),
             quality_tolerance=job.get("quality_tolerance") or 0.0, priority=job["priority"],
             custom_ids=tuple(p.custom_id for p in prompts), output_tokens=tuple(p.max_tokens for p in prompts),
         )
@@ -241,7 +241,7 @@ class ControlPlane:
         self._failures[event["pool"]] = self._failures.get(event["pool"], 0) + 1
         kind = FailureKind.KV_CHECKSUM if event["error_class"] == "KVIntegrityError" else (
             FailureKind.ERROR if event["retryable"] else FailureKind.INVALID)
-        return self._failed(rid, req, event["pool"], Phase(event["phase"].lower()), kind, event["error"], now)
+        return self._failed(rid, req, event["pool"], Phase(event["phase"]), kind, event["error"], now)
 
     def cancel(self, command: dict[str, Any], now: float) -> list[Send]:
         job = self.jobs.get(command["job_id"])
@@ -344,7 +344,7 @@ class ControlPlane:
     def _failed(self, rid: str, req: dict[str, Any], pool: str, phase: Phase, kind: FailureKind, detail: str,
                 now: float) -> list[Send]:
         history = [self._attempt_record(rid, h) for h in req["history"][:-1]]
-        last = req["history"][-1] if req["history"] else {"phase": phase.value, "attempt": max(0, req["attempt"] - 1), "started_at": now}
+        last = req["history"][-1] if req["history"] else {"phase": phase.slug, "attempt": max(0, req["attempt"] - 1), "started_at": now}
         history.append(AttemptRecord(rid, phase, last["attempt"], pool, AttemptStatus.FAILED, last["started_at"], now,
                                      kind, detail, kv_lost=kind is FailureKind.KV_CHECKSUM))
         step = next_step(history, now, self.config.retry, self.rng)
@@ -433,7 +433,7 @@ class ControlPlane:
     def _work(self, rid: str, req: dict[str, Any]) -> RequestWork:
         return RequestWork(
             rid, req["job_id"], req["tenant"], req["model"], req["prompt_tokens"], req["max_tokens"],
-            deadline=req["deadline_ms"] / 1000, quality_tier=QualityTier(req["quality_tier"].lower()),
+            deadline=req["deadline_ms"] / 1000, quality_tier=QualityTier(req["quality_tier"]),
             quality_tolerance=req.get("quality_tolerance") or 0.0, attempt=req["attempt"],
             avoid_pools=frozenset(req.get("avoid") or ()),
         )
@@ -465,6 +465,6 @@ class ControlPlane:
     @staticmethod
     def _attempt_record(rid: str, h: dict[str, Any]) -> AttemptRecord:
         failed = h.get("failed")
-        return AttemptRecord(rid, Phase(h["phase"]), h["attempt"], h["pool"],
+        return AttemptRecord(rid, Phase(h["phase"].upper()), h["attempt"], h["pool"],
                              AttemptStatus.FAILED if failed else AttemptStatus.SUCCEEDED, h["started_at"],
                              h.get("ended_at", h["started_at"]), FailureKind(failed) if failed else None, h.get("detail", ""))

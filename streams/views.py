@@ -140,7 +140,7 @@ class PoolView:
             alive = [b for b in beats if b["status"] == "UP" and now - b["at"] / 1000 <= self.dead_after_s]
             phases: set[Phase] = set()
             for b in alive or beats:
-                phases |= {Phase.PREFILL, Phase.DECODE} if b["phase"] == "BOTH" else {Phase(b["phase"].lower())}
+                phases |= {Phase.PREFILL, Phase.DECODE} if b["phase"] == "BOTH" else {Phase(b["phase"])}
             newest = max(beats, key=lambda b: b["at"])
             states[pool] = PoolState(
                 name=pool, alive=bool(alive), phases=frozenset(phases),

@@ -28,7 +28,7 @@ from .confidence import ConfidenceConfig, EffectiveProfile, confidence, effectiv
 from .cost_model import PhaseOption, estimate_path, fleet_tokens_per_s, join_batch, service_time, transfer_time
 from .fairness import FairConfig, FairScheduler, FreeCapacity, Release, SchedulerOutput, TenantReport
 from .feasibility import QueuedWork, check_deadline, earliest_feasible_deadline
-from .lifecycle import AttemptStatus, FailureKind, JobStatus, attempt_id, job_transition_error, parse_attempt_id
+from .lifecycle import AttemptStatus, FailureKind, attempt_id, job_transition_error, parse_attempt_id
 from .pool_loss import InFlightAttempt, Redispatch, dead_pools, redispatch_lost
 from .quality import (
     PathState,
@@ -94,7 +94,6 @@ __all__ = [
     "GiveUp",
     "InFlightAttempt",
     "JobSpec",
-    "JobStatus",
     "LinkAggregate",
     "LinkProfile",
     "ModelSpec",

@@ -305,8 +305,8 @@ def _too_large(
         return Rejected(
             job.job_id,
             RejectCode.REQUEST_TOO_LARGE,
-            f"request {job.custom_id(i)!r} needs KV for {need} tokens in {phase.value} ({held}) on one worker, but the"
-            f" largest worker of any alive pool serving {phase.value} of {job.model!r} holds {int(limit[0])} tokens"
+            f"request {job.custom_id(i)!r} needs KV for {need} tokens in {phase.slug} ({held}) on one worker, but the"
+            f" largest worker of any alive pool serving {phase.slug} of {job.model!r} holds {int(limit[0])} tokens"
             f" (pool {limit[1]!r}); shorten that prompt or lower its max_tokens",
         )
     return None

@@ -52,7 +52,7 @@ def alive(x: FilterInput) -> str | None:
 def serves_phase(x: FilterInput) -> str | None:
     if x.pool.serves(x.phase):
         return None
-    return f"does not serve {x.phase.value} (serves {sorted(p.value for p in x.pool.phases)})"
+    return f"does not serve {x.phase.slug} (serves {sorted(p.slug for p in x.pool.phases)})"
 
 
 def model_loaded(x: FilterInput) -> str | None:
@@ -64,7 +64,7 @@ def model_loaded(x: FilterInput) -> str | None:
 def has_profile(x: FilterInput) -> str | None:
     if x.profile is not None:
         return None
-    return f"no profile row for ({x.request.model}, {x.phase.value}, variant {x.pool.variant!r})"
+    return f"no profile row for ({x.request.model}, {x.phase.slug}, variant {x.pool.variant!r})"
 
 
 def healthy(x: FilterInput) -> str | None:
@@ -165,7 +165,7 @@ def phase_options(
         if reason is None and profile is not None:
             kept.append(PhaseOption(pool, phase, profile.row, profile.confidence))
         elif reason is not None and pool.serves(phase):
-            rejected.append((f"{pool.name}/{phase.value}", reason))
+            rejected.append((f"{pool.name}/{phase.slug}", reason))
     return kept, rejected
 
 

@@ -1,9 +1,8 @@
 """Life cycles of jobs and request attempts, and the deterministic attempt id.
 
 A job moves SUBMITTED -> ADMITTED or REJECTED -> RUNNING -> COMPLETED / FAILED / CANCELLED /
-EXPIRED. Statuses are one ordered enum: the tens digit is the stage (0 submitted, 1 admission
-verdict, 2 running, 3 finished), so ``a.stage < b.stage`` means ``b`` comes later, and
-``is_finished`` holds for REJECTED and every stage-3 status.
+EXPIRED: ``phaseroute.schemas.enums.JobState`` is the one definition (ordered by stage);
+``job_transition_error`` says which moves are legal.
 
 An attempt (one try of one phase of one request on one pool) moves QUEUED -> WAITING_FOR_KV
 (decode only, until the KV blob is ready) -> RUNNING -> SUCCEEDED / FAILED / CANCELLED /
@@ -17,27 +16,9 @@ from __future__ import annotations
 from enum import IntEnum, StrEnum
 
 from phaseroute.schemas import ids
+from phaseroute.schemas.enums import JobState
 
 from .types import Phase
-
-
-class JobStatus(IntEnum):
-    SUBMITTED = 0
-    ADMITTED = 10
-    REJECTED = 11
-    RUNNING = 20
-    COMPLETED = 30
-    FAILED = 31
-    CANCELLED = 32
-    EXPIRED = 33
-
-    @property
-    def stage(self) -> int:
-        return self.value // 10
-
-    @property
-    def is_finished(self) -> bool:
-        return self is JobStatus.REJECTED or self.stage == 3
 
 
 class AttemptStatus(IntEnum):
@@ -69,15 +50,15 @@ class FailureKind(StrEnum):
         return self is not FailureKind.INVALID
 
 
-_JOB_MOVES: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.SUBMITTED: frozenset({JobStatus.ADMITTED, JobStatus.REJECTED, JobStatus.CANCELLED}),
-    JobStatus.ADMITTED: frozenset({JobStatus.RUNNING, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED}),
-    JobStatus.RUNNING: frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED}),
+_JOB_MOVES: dict[JobState, frozenset[JobState]] = {
+    JobState.SUBMITTED: frozenset({JobState.ADMITTED, JobState.REJECTED, JobState.CANCELLED}),
+    JobState.ADMITTED: frozenset({JobState.RUNNING, JobState.FAILED, JobState.CANCELLED, JobState.EXPIRED}),
+    JobState.RUNNING: frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.EXPIRED}),
 }
 
 
-def job_transition_error(old: JobStatus, new: JobStatus) -> str | None:
-    """None when ``old -> new`` is a legal move, else why not (for the tracker's dead letters)."""
+def job_transition_error(old: JobState, new: JobState) -> str | None:
+    """None when ``old -> new`` is a legal move, else why not."""
     if old is new:
         return None  # replays are idempotent
     if old.is_finished:
@@ -88,6 +69,7 @@ def job_transition_error(old: JobStatus, new: JobStatus) -> str | None:
 
 
 _SEP = "/"
+_BY_SLUG = {phase.slug: phase for phase in Phase}
 
 
 def attempt_id(request_id: str, phase: Phase, attempt: int) -> str:
@@ -95,7 +77,7 @@ def attempt_id(request_id: str, phase: Phase, attempt: int) -> str:
     messages carry: built by :func:`phaseroute.schemas.ids.attempt_id`, the one definition)."""
     if not request_id:
         raise ValueError("attempt_id: request_id must be non-empty, got ''")
-    return ids.attempt_id(request_id, phase.value, attempt)
+    return ids.attempt_id(request_id, phase.slug, attempt)
 
 
 def parse_attempt_id(value: str) -> tuple[str, Phase, int]:
@@ -103,6 +85,6 @@ def parse_attempt_id(value: str) -> tuple[str, Phase, int]:
     parts = value.rsplit(_SEP, 2)
     try:
         request_id, phase, attempt = parts
-        return request_id, Phase(phase), int(attempt)
-    except ValueError:
+        return request_id, _BY_SLUG[phase], int(attempt)
+    except (ValueError, KeyError):
         raise ValueError(f"{value!r} is not an attempt id '<request_id>/<prefill|decode>/<n>'") from None

@@ -67,7 +67,7 @@ def redispatch_lost(in_flight: Iterable[InFlightAttempt], dead: frozenset[str]) 
                 max(a.attempts_started for a in attempts),
                 frozenset(dead) & {a.pool for a in attempts},
                 kv_lost,
-                f"pool {latest.pool} lost during {latest.phase.value} attempt #{latest.attempt}{note}",
+                f"pool {latest.pool} lost during {latest.phase.slug} attempt #{latest.attempt}{note}",
             )
         )
     return out

@@ -29,28 +29,12 @@ has a measured path. Measured rows do not expire: a demotion never lapses silent
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Protocol
+
+from phaseroute.schemas.enums import QualityAlertKind, QualityState
 
 from . import _checks
 from .types import PathQuality, ProfileTable
-
-
-class QualityState(StrEnum):
-    UNMEASURED = "unmeasured"
-    HEALTHY = "healthy"
-    SUSPECT = "suspect"  # failed, not yet demote_after times in a row
-    DEMOTED = "demoted"
-    RECOVERING = "recovering"  # demoted, passing toward recover_after
-
-    @property
-    def exact_ok(self) -> bool:
-        return self not in (QualityState.DEMOTED, QualityState.RECOVERING)
-
-
-class QualityAlertKind(StrEnum):
-    DEMOTED = "demoted"
-    RECOVERED = "recovered"
 
 
 class DriftFigures(Protocol):

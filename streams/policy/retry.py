@@ -109,7 +109,7 @@ def _summary(history: Sequence[AttemptRecord]) -> str:
     parts = []
     for r in sorted(history, key=lambda r: r.attempt):
         what = r.failure.value if r.failure else r.status.name.lower()
-        parts.append(f"#{r.attempt} {r.phase.value} on {r.pool}: {what}{f' ({r.detail})' if r.detail else ''}")
+        parts.append(f"#{r.attempt} {r.phase.slug} on {r.pool}: {what}{f' ({r.detail})' if r.detail else ''}")
     return "; ".join(parts)
 
 

@@ -162,7 +162,7 @@ class RouterState:
     def snapshot(self) -> dict[str, dict[str, dict[str, float]]]:
         """Targets, credits and realized shares by ``"model/phase"``, for reporting."""
         return {
-            f"{m}/{ph.value}": {
+            f"{m}/{ph.slug}": {
                 "target": dict(t),
                 "credit": dict(self._credit.get((m, ph), {})),
                 "realized": self.realized(m, ph),

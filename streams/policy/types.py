@@ -1,7 +1,9 @@
 """Plain data the policy decides over: phases, profile rows and links, pool state, requests.
 
-Everything here is a frozen dataclass or an enum: values that the live agents build from
-Kafka records and the simulator builds from its model of the fleet. Decisions made from them
+Everything here is a frozen dataclass: values that the live agents build from Kafka records
+and the simulator builds from its model of the fleet. The enums ``Phase``, ``QualityTier`` and
+``ProfileSource`` are the one definition in ``phaseroute.schemas.enums`` (the Avro symbols),
+re-exported here. Decisions made from them
 (routing decisions, admission verdicts, scheduler output, retries) live beside the code that
 makes them. Validation happens at construction and names the bad value.
 """
@@ -12,34 +14,13 @@ import bisect
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import NamedTuple, TypeVar
+
+from phaseroute.schemas.enums import Phase, ProfileSource, QualityTier
 
 from . import _checks
 
 T = TypeVar("T")
-
-
-class Phase(StrEnum):
-    """The two phases of a request: the prompt (compute-bound) and the output tokens (memory-bound)."""
-
-    PREFILL = "prefill"
-    DECODE = "decode"
-
-
-class QualityTier(StrEnum):
-    """What a job accepts: EXACT (reference-quality pools only) or APPROXIMATE (down to a tolerance)."""
-
-    EXACT = "exact"
-    APPROXIMATE = "approximate"
-
-
-class ProfileSource(StrEnum):
-    """Where a profile row came from; TELEMETRY is blended toward PROFILER, PROFILER toward DATASHEET."""
-
-    TELEMETRY = "telemetry"
-    PROFILER = "profiler"
-    DATASHEET = "datasheet"
 
 
 # From the most trusted (fresh measurements) to the last-resort prior.
@@ -82,7 +63,7 @@ class ProfileRow:
     _sizes: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        owner = f"ProfileRow({self.model}, {self.phase.value}, {self.pool})"
+        owner = f"ProfileRow({self.model}, {self.phase.slug}, {self.pool})"
         if not self.curve:
             raise ValueError(f"{owner}.curve must have at least one point, got ()")
         sizes = [p.batch_size for p in self.curve]

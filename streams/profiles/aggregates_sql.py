@@ -120,7 +120,7 @@ def _measured(r: dict[str, Any]) -> Measured:
     p50, p90, p99 = (float(x) if math.isfinite(x) else 0.0 for x in r["q"])
     p99 = max(p99, float(r["max_median"]) if math.isfinite(r["max_median"]) else 0.0)
     aggregate = PhaseAggregate(
-        model=r["model"], phase=Phase(r["phase"].lower()), pool=r["pool"], variant=r["variant"],
+        model=r["model"], phase=Phase(r["phase"]), pool=r["pool"], variant=r["variant"],
         batch_size=max(1, round(r["batch_mean"])), samples=int(r["samples"]), tokens_per_s=float(r["tokens_per_s"]),
         step_p50_s=p50, step_p90_s=max(p50, p90), step_p99_s=max(p50, p90, p99), errors=int(r["errors"]),
         mem_bytes_per_token=0.0, kv_bytes_per_token=0.0, last_seen=float(r["last_seen"]),

@@ -55,8 +55,8 @@ def _ms(seconds: float) -> int:
 def row_to_avro(row: ProfileRow, window_s: float, quality_measured: bool = True) -> dict[str, Any]:
     """The ``profile_row`` record of a policy row (``quality_score`` null unless measured)."""
     return {
-        "model": row.model, "phase": row.phase.value.upper(), "pool": row.pool, "variant": row.variant,
-        "source_pool": None, "source": row.source.value.upper(),
+        "model": row.model, "phase": row.phase.value, "pool": row.pool, "variant": row.variant,
+        "source_pool": None, "source": row.source.value,
         "batch_curve": [{"batch_size": p.batch_size, "tokens_per_s": p.tokens_per_s} for p in row.curve],
         "step_latency_s_p50": row.step_p50_s, "step_latency_s_p90": row.step_p90_s,
         "step_latency_s_p99": row.step_p99_s, "tokens_per_s": max(p.tokens_per_s for p in row.curve),
@@ -71,7 +71,7 @@ def link_to_avro(link: LinkProfile, window_s: float) -> dict[str, Any]:
     """The TRANSFER ``profile_row`` record of a measured link."""
     return {
         "model": LINK_MODEL, "phase": TRANSFER, "pool": link.dst, "variant": LINK_VARIANT,
-        "source_pool": link.src, "source": ProfileSource.TELEMETRY.value.upper(), "batch_curve": [],
+        "source_pool": link.src, "source": ProfileSource.TELEMETRY.value, "batch_curve": [],
         "step_latency_s_p50": 0.0, "step_latency_s_p90": 0.0, "step_latency_s_p99": 0.0, "tokens_per_s": 0.0,
         "mem_bytes_per_token": 0.0, "kv_bytes_per_token": 0.0, "transfer_bytes_per_s": link.bytes_per_s,
         "transfer_latency_s": link.latency_s, "error_rate": 0.0, "quality_score": None, "samples": link.samples,
@@ -100,13 +100,13 @@ def from_avro(record: Mapping[str, Any], default_quality_score: float = 1.0) -> 
     curve = tuple(CurvePoint(int(p["batch_size"]), float(p["tokens_per_s"])) for p in record["batch_curve"])
     quality = record["quality_score"]
     return ProfileRow(
-        model=record["model"], phase=Phase(str(record["phase"]).lower()), pool=record["pool"],
+        model=record["model"], phase=Phase(record["phase"]), pool=record["pool"],
         variant=record["variant"], curve=curve or (CurvePoint(1, max(float(record["tokens_per_s"]), NO_THROUGHPUT)),),
         step_p50_s=float(record["step_latency_s_p50"]), step_p90_s=float(record["step_latency_s_p90"]),
         step_p99_s=float(record["step_latency_s_p99"]), mem_bytes_per_token=float(record["mem_bytes_per_token"]),
         kv_bytes_per_token=float(record["kv_bytes_per_token"]), error_rate=float(record["error_rate"]),
         quality_score=default_quality_score if quality is None else float(quality), samples=int(record["samples"]),
-        updated_at=updated_at, source=ProfileSource(str(record["source"]).lower()),
+        updated_at=updated_at, source=ProfileSource(record["source"]),
     )
 
 
@@ -131,7 +131,7 @@ def profiler_aggregates(grid: Iterable[Mapping[str, Any]]) -> list[PhaseAggregat
     slowest cell as p90/p99, memory and KV bytes per token averaged."""
     cells: dict[tuple[str, str, str, str, int], list[Mapping[str, Any]]] = defaultdict(list)
     for r in grid:
-        cells[(r["model"], str(r["phase"]).lower(), r["pool"], r["variant"], int(r["batch_size"]))].append(r)
+        cells[(r["model"], str(r["phase"]), r["pool"], r["variant"], int(r["batch_size"]))].append(r)
     out = []
     for (model, phase, pool, variant, batch), rows in sorted(cells.items()):
         slowest = max(float(r["latency_s"]) for r in rows)

@@ -24,7 +24,7 @@ assert result.exit_code == 0, result.output
 from phaseroute.config import load_settings
 from phaseroute.infra.clickhouse import connect
 s = load_settings()
-print("ROWS", connect(s).query(f"SELECT count(), countIf(phase='decode'), min(tokens_per_s) > 0 FROM {s.clickhouse_database}.engine_profile").result_rows[0])
+print("ROWS", connect(s).query(f"SELECT count(), countIf(phase='DECODE'), min(tokens_per_s) > 0 FROM {s.clickhouse_database}.engine_profile").result_rows[0])
 """
 
 

@@ -61,7 +61,7 @@ def decide(mk, j, backlog=(), quotas=None, config=CONFIG, models=MODELS):
         (
             dict(quality_tier="best"),
             RejectCode.MALFORMED,
-            "quality_tier must be one of ['exact', 'approximate'], got 'best'",
+            "quality_tier must be one of ['EXACT', 'APPROXIMATE'], got 'best'",
         ),
         (dict(prompt_tokens=()), RejectCode.EMPTY_JOB, "job has no prompts"),
         (dict(model="gpt-9"), RejectCode.UNKNOWN_MODEL, "unknown model 'gpt-9'; known: ['m']"),

@@ -51,12 +51,12 @@ def run_filter(mk, name, *, pool=None, request=None, phase=Phase.DECODE, profile
         ("healthy", {"row": dict(err=0.49)}, None),
         ("healthy", {"row": dict(err=0.5)}, "measured error rate 0.50 >= max 0.50"),
         ("quality", {"row": dict(quality=0.99)}, None),
-        ("quality", {"row": dict(quality=0.95)}, "quality 0.950 < 0.990 required by exact tier"),
+        ("quality", {"row": dict(quality=0.95)}, "quality 0.950 < 0.990 required by EXACT tier"),
         ("quality", {"row": dict(quality=0.95), "req": dict(tier=QualityTier.APPROXIMATE, tolerance=0.1)}, None),
         (
             "quality",
             {"row": dict(quality=0.85), "req": dict(tier=QualityTier.APPROXIMATE, tolerance=0.1)},
-            "quality 0.850 < 0.900 required by approximate tier",
+            "quality 0.850 < 0.900 required by APPROXIMATE tier",
         ),
         # decode holds prompt + output KV: (512 + 128) x 1000 bytes
         ("memory", {"pool": dict(free_kv=640_000)}, None),

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from phaseroute.schemas.enums import JobState
 from phaseroute.streams.policy import (
     AdmissionConfig,
     AttemptStatus,
     ConfidenceConfig,
     CurvePoint,
     FairConfig,
-    JobStatus,
     Phase,
     ProfileRow,
     ProfileSource,
@@ -42,16 +42,16 @@ def test_attempt_id_rejects_negative_attempt():
 
 
 def test_job_status_order_and_finished():
-    assert JobStatus.SUBMITTED < JobStatus.ADMITTED < JobStatus.RUNNING < JobStatus.COMPLETED
-    assert JobStatus.REJECTED < JobStatus.RUNNING
-    assert JobStatus.ADMITTED.stage == JobStatus.REJECTED.stage == 1
-    finished = {s for s in JobStatus if s.is_finished}
+    assert JobState.SUBMITTED < JobState.ADMITTED < JobState.RUNNING < JobState.COMPLETED
+    assert JobState.REJECTED < JobState.RUNNING
+    assert JobState.ADMITTED.stage == JobState.REJECTED.stage == 1
+    finished = {s for s in JobState if s.is_finished}
     assert finished == {
-        JobStatus.REJECTED,
-        JobStatus.COMPLETED,
-        JobStatus.FAILED,
-        JobStatus.CANCELLED,
-        JobStatus.EXPIRED,
+        JobState.REJECTED,
+        JobState.COMPLETED,
+        JobState.FAILED,
+        JobState.CANCELLED,
+        JobState.EXPIRED,
     }
 
 
@@ -69,16 +69,16 @@ def test_attempt_status_finished():
 @pytest.mark.parametrize(
     ("old", "new", "ok"),
     [
-        (JobStatus.SUBMITTED, JobStatus.ADMITTED, True),
-        (JobStatus.SUBMITTED, JobStatus.REJECTED, True),
-        (JobStatus.ADMITTED, JobStatus.RUNNING, True),
-        (JobStatus.RUNNING, JobStatus.COMPLETED, True),
-        (JobStatus.RUNNING, JobStatus.EXPIRED, True),
-        (JobStatus.RUNNING, JobStatus.RUNNING, True),  # replay
-        (JobStatus.SUBMITTED, JobStatus.RUNNING, False),
-        (JobStatus.REJECTED, JobStatus.RUNNING, False),
-        (JobStatus.COMPLETED, JobStatus.FAILED, False),
-        (JobStatus.RUNNING, JobStatus.ADMITTED, False),
+        (JobState.SUBMITTED, JobState.ADMITTED, True),
+        (JobState.SUBMITTED, JobState.REJECTED, True),
+        (JobState.ADMITTED, JobState.RUNNING, True),
+        (JobState.RUNNING, JobState.COMPLETED, True),
+        (JobState.RUNNING, JobState.EXPIRED, True),
+        (JobState.RUNNING, JobState.RUNNING, True),  # replay
+        (JobState.SUBMITTED, JobState.RUNNING, False),
+        (JobState.REJECTED, JobState.RUNNING, False),
+        (JobState.COMPLETED, JobState.FAILED, False),
+        (JobState.RUNNING, JobState.ADMITTED, False),
     ],
 )
 def test_job_transitions(old, new, ok):

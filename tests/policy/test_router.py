@@ -136,7 +136,7 @@ def test_quality_tiers(mk):
     tight = place(mk, pools, rows, request=mk.req(tier=QualityTier.APPROXIMATE, tolerance=0.15))
     # 0.81 on int8 alone is too lossy for 0.15, but one lossy phase (0.9) is not: the quality bound shapes the path.
     assert (tight.prefill_pool, tight.decode_pool) == ("ref", "int8") and tight.estimate.quality == pytest.approx(0.9)
-    assert ("int8->int8", "path quality 0.810 < 0.850 required by approximate tier") in tight.rejected
+    assert ("int8->int8", "path quality 0.810 < 0.850 required by APPROXIMATE tier") in tight.rejected
 
 
 def test_exploration_share_is_close_to_configured(mk):

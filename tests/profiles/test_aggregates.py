@@ -15,7 +15,7 @@ TAU = 300.0
 
 
 def _by_bucket(measured: list[sql.Measured]) -> dict[tuple[str, str, int], sql.Measured]:
-    return {(m.aggregate.pool, m.aggregate.phase.value, m.aggregate.batch_size): m for m in measured}
+    return {(m.aggregate.pool, m.aggregate.phase.slug, m.aggregate.batch_size): m for m in measured}
 
 
 def test_decayed_throughput_buckets_errors_and_replays(chdb: Any, db: str, tel: SimpleNamespace) -> None:

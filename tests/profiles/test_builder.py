@@ -42,8 +42,8 @@ def _profile_run(ts: Callable[[float], Any]) -> list[dict[str, Any]]:
             "dtype": "float32", "quantization": "none", "threads": 2, "host": "h", "kv_bytes_per_token": 46_080,
             "peak_rss_bytes": 10**9, "at": ts(7200), "seq_len": 128, "samples": 4, "memory_bytes_per_token": 55_000.0}
     return [
-        {**base, "phase": "decode", "batch_size": 8, "latency_s": 0.06, "latency_p50_s": 0.06, "tokens_per_s": 8 / 0.06},
-        {**base, "phase": "prefill", "batch_size": 4, "latency_s": 1.2, "latency_p50_s": 1.2, "tokens_per_s": 512 / 1.2},
+        {**base, "phase": "DECODE", "batch_size": 8, "latency_s": 0.06, "latency_p50_s": 0.06, "tokens_per_s": 8 / 0.06},
+        {**base, "phase": "PREFILL", "batch_size": 4, "latency_s": 1.2, "latency_p50_s": 1.2, "tokens_per_s": 512 / 1.2},
     ]
 
 

@@ -72,12 +72,12 @@ def _grid(run_id: str, at: Any, scale: float = 1.0) -> list[dict[str, Any]]:
     for batch, step_s in ((1, 0.05), (8, 0.1)):
         for ctx, slow in ((64, 1.0), (256, 1.5)):
             latency = step_s * slow * scale
-            cells.append({**base, "phase": "decode", "batch_size": batch, "seq_len": ctx, "samples": 4,
+            cells.append({**base, "phase": "DECODE", "batch_size": batch, "seq_len": ctx, "samples": 4,
                           "latency_s": latency, "latency_p50_s": latency * 0.9, "tokens_per_s": batch / latency,
                           "memory_bytes_per_token": 50_000.0})
     for batch in (1, 4):
         latency = 0.2 * batch * scale
-        cells.append({**base, "phase": "prefill", "batch_size": batch, "seq_len": 128, "samples": 1,
+        cells.append({**base, "phase": "PREFILL", "batch_size": batch, "seq_len": 128, "samples": 1,
                       "latency_s": latency, "latency_p50_s": latency, "tokens_per_s": batch * 128 / latency,
                       "memory_bytes_per_token": 60_000.0})
     return cells

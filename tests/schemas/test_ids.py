@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from phaseroute.schemas.enums import JobEventKind, Phase
+from phaseroute.schemas.enums import JobEventKind, TelemetryPhase
 from phaseroute.schemas.ids import attempt_id, job_event_id, profile_key, request_id
 
 
@@ -30,7 +30,7 @@ def test_attempt_id() -> None:
 
 def test_job_event_id_and_profile_key() -> None:
     assert job_event_id("job-1", JobEventKind.PROGRESS, 7) == "job-1/progress/7"
-    assert profile_key("m", Phase.TRANSFER, "gpu-b", "bf16", "cpu-a") == "m|TRANSFER|gpu-b|bf16|cpu-a"
+    assert profile_key("m", TelemetryPhase.TRANSFER, "gpu-b", "bf16", "cpu-a") == "m|TRANSFER|gpu-b|bf16|cpu-a"
     assert profile_key("m", "DECODE", "gpu-b", "bf16") == "m|DECODE|gpu-b|bf16"
     with pytest.raises(ValueError, match="must not contain"):
         profile_key("m|x", "DECODE", "p", "v")
