@@ -6,6 +6,35 @@ from __future__ import annotations
 import hashlib
 
 PHASES = ("prefill", "decode")
+ID_MAX_LENGTH = 128
+_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
+CUSTOM_ID_MAX_LENGTH = 512
+
+
+def job_id_problem(job_id: object) -> str | None:
+    """None for a usable job id, else what is wrong with it. A job id names files, keys and
+    topics' records, so it is 1-128 characters of ``[A-Za-z0-9._:-]``, not starting with a dot
+    (no path can be made of it)."""
+    if not isinstance(job_id, str) or not job_id:
+        return f"job_id must be a non-empty string, got {job_id!r}"
+    if len(job_id) > ID_MAX_LENGTH:
+        return f"job_id must be at most {ID_MAX_LENGTH} characters, got {len(job_id)} ({job_id[:40]!r}...)"
+    bad = sorted(set(job_id) - _ID_CHARS)
+    if bad or job_id.startswith("."):
+        shown = "".join(bad)[:10] or "."
+        return f"job_id {job_id[:80]!r} may hold only letters, digits and . _ : - (and not start with '.'); found {shown!r}"
+    return None
+
+
+def custom_id_problem(custom_id: object) -> str | None:
+    """None for a usable custom id (any printable text up to 512 characters), else what is wrong."""
+    if not isinstance(custom_id, str) or not custom_id:
+        return f"custom_id must be a non-empty string, got {custom_id!r}"
+    if len(custom_id) > CUSTOM_ID_MAX_LENGTH:
+        return f"custom_id must be at most {CUSTOM_ID_MAX_LENGTH} characters, got {len(custom_id)}"
+    if not custom_id.isprintable():
+        return f"custom_id {custom_id[:80]!r} holds control characters"
+    return None
 
 
 def request_id(job_id: str, custom_id: str) -> str:

@@ -13,8 +13,10 @@ Events: job arrivals, instance wake-ups (next prefill or decode completion, see 
 transfer completions, scheduler releases, profile refreshes (telemetry -> driver), samples for
 the time series, fleet events (slowdown, loss, restore), random failures and repairs. Ties
 break by insertion order, and all randomness comes from ``SimConfig.seed``: same inputs, same
-result. Decisions (admission, release order, routing, retries) belong to a ``Driver``
-(drivers.py); the engine only executes them, as the data plane executes the control plane's.
+result. Decisions (admission, release order, routing, retries) belong to a ``Driver``: a
+baseline (drivers.py) answers the engine's questions (release, route, retry); phaseroute's
+driver (core_driver.py) runs the live control core on its own TICK events and places work with
+``place``, as the data plane executes the control plane's sends. The engine only executes.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from phaseroute.sim.telemetry import Telemetry
 from phaseroute.sim.workload import Workload
 
 from phaseroute.sim.events import (  # noqa: F401  (the statuses are re-exported for drivers and tests)
-    ARRIVE, CANCELLED, DECODE, DONE, FLEET, GAVE_UP, LOST, NEW, PREFILL, QUEUED_DECODE, QUEUED_PREFILL, REFRESH,
-    RELEASE, RETRY, SAMPLE, TRANSFER, WAKE, XFER,
+    ARRIVE, CANCELLED, DECODE, DEFERRED, DONE, FLEET, GAVE_UP, LOST, NEW, PREFILL, QUEUED_DECODE, QUEUED_PREFILL,
+    REFRESH, RELEASE, RETRY, SAMPLE, TICK, TRANSFER, WAKE, XFER,
 )
 
 
@@ -140,6 +142,8 @@ class Simulator(Disruptions, Sampling, Speculation):
         self.tenant_waiting = [0] * n_t       # admitted, not yet released requests
         self.tenant_released = [0.0] * n_t    # tokens released (cumulative)
         self.tenant_mark = [0.0] * n_t
+        self.lost_from = NEW                  # status of the request being lost, while the driver hears of it
+        self.self_released = bool(getattr(driver, "self_released", False))  # the driver releases on its own ticks
         driver.attach(self)
 
     # ------------------------------------------------------------------ event plumbing
@@ -159,7 +163,7 @@ class Simulator(Disruptions, Sampling, Speculation):
             for p in self.pools:
                 self._next_failure(p, 0.0)
         handlers = (self._on_arrive, self._on_wake, self._on_xfer, self._on_release, self._on_refresh,
-                    self._on_sample, self._on_fleet, self._on_fail, self._on_repair, self._on_retry)
+                    self._on_sample, self._on_fleet, self._on_fail, self._on_repair, self._on_retry, self._on_tick)
         heap, pop = self.heap, heapq.heappop
         events = 0
         while heap and self.unresolved_jobs > 0:
@@ -185,7 +189,12 @@ class Simulator(Disruptions, Sampling, Speculation):
         self.tenant_waiting[int(self.w.job_tenant[j])] += int(self.w.job_count[j])
         self._want_release()
 
+    def _on_tick(self, _a, _b) -> None:
+        self.driver.on_tick(self.now)
+
     def _want_release(self) -> None:
+        if self.self_released:
+            return
         if not self.release_pending:
             self.release_pending = True
             self.push(self.now, RELEASE)
@@ -202,6 +211,8 @@ class Simulator(Disruptions, Sampling, Speculation):
 
     def _on_release(self, _a, _b) -> None:
         self.release_pending = False
+        if self.self_released:
+            return
         free = self.free_capacity()
         if free <= 0 or not self.driver.backlog():
             return
@@ -218,6 +229,7 @@ class Simulator(Disruptions, Sampling, Speculation):
             self.push(self.now + self.cfg.release_interval_s, RELEASE)
 
     def _route(self, rid: int) -> None:
+        """Ask a baseline driver where the request goes, and place it (or retry later)."""
         choice = self.driver.route(rid, self.now)
         tokens = self.prompt[rid] + self.output[rid]
         if choice is None:
@@ -241,7 +253,11 @@ class Simulator(Disruptions, Sampling, Speculation):
         if self.unplaced.pop(rid, None) is not None:   # placed at last: it holds a slot again
             self.inflight += 1
             self.inflight_tokens += tokens
-        a, b = choice
+        self.place(rid, *choice)
+
+    def place(self, rid: int, a: int, b: int) -> None:
+        """Queue the request for prefill on pool ``a`` (decode on ``b``; colocated when equal). A
+        pool that is gone, or has no instance that could hold the request's KV, refuses it."""
         self.pre_pool[rid], self.dec_pool[rid] = a, b
         self.colo[rid] = a == b
         pool, dst = self.pools[a], self.pools[b]
@@ -345,6 +361,8 @@ class Simulator(Disruptions, Sampling, Speculation):
         self._schedule(inst)
 
     def _prefill_done(self, pool: PoolRun, inst: Instance, rid: int) -> None:
+        if not self.colo[rid] and self.self_released:
+            self.driver.on_kv_ready(rid, self.now)
         if self.colo[rid]:
             inst.colo_pending -= 1
             inst.take_decode(rid, self.output[rid], self.ctx[rid], 0.0, reserved=True)
@@ -404,11 +422,11 @@ class Simulator(Disruptions, Sampling, Speculation):
         self.tokens_done += self.prompt[rid] + self.output[rid]
         j = self.job[rid]
         self.job_left[j] -= 1
-        if self.job_left[j] == 0:
+        if self.job_left[j] == 0 and self.job_state[j] == "admitted":
             self.job_done_t[j] = self.now
             self.job_state[j] = "done"
             self.unresolved_jobs -= 1
-        if not self.release_pending and self.driver.backlog():
+        if not self.release_pending and not self.self_released and self.driver.backlog():
             self.release_pending = True
             self.push(self.now + self.cfg.release_interval_s, RELEASE)
 
@@ -425,11 +443,14 @@ class Simulator(Disruptions, Sampling, Speculation):
             self.driver.on_cancel(rid, self.now)
             return
         phase = "decode" if self.status[rid] in (TRANSFER, QUEUED_DECODE, DECODE) else "prefill"
+        self.lost_from = self.status[rid]
         self.attempt[rid] += 1
         self.status[rid] = LOST
         self.where[rid] = None
         self.counters["requests_lost"] += 1
         decision = self.driver.on_lost(rid, pool_idx, self.now, cause, phase)
+        if decision is DEFERRED:
+            return
         if decision is None:
             self.inflight -= 1
             self.inflight_tokens -= self.prompt[rid] + self.output[rid]

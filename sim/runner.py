@@ -17,7 +17,7 @@ from phaseroute.sim.drivers import BASELINES
 from phaseroute.sim.engine import SimConfig, Simulator
 from phaseroute.sim.fleet import Fleet, load_fleet
 from phaseroute.sim.metrics import compact_series, compute_metrics
-from phaseroute.sim.policy_bridge import PhaserouteDriver, PhaserouteOptions
+from phaseroute.sim.core_driver import CoreDriver, PhaserouteOptions
 from phaseroute.sim.workload import Workload, WorkloadSpec, build_workload, load_workload_spec
 
 POLICIES = ("phaseroute", "static-spec", "rr", "jsq", "split")
@@ -26,11 +26,11 @@ EXTRA_POLICIES = ("phaseroute-poolkv",)   # variants run only when named
 
 def make_driver(name: str):
     if name == "phaseroute":
-        return PhaserouteDriver(PhaserouteOptions())
+        return CoreDriver(PhaserouteOptions())
     if name == "phaseroute-poolkv":     # ablation: the router sees only the pool's summed free KV, not per worker
-        return PhaserouteDriver(PhaserouteOptions(per_worker_kv=False), name=name)
+        return CoreDriver(PhaserouteOptions(per_worker_kv=False), name=name)
     if name == "static-spec":
-        return PhaserouteDriver(PhaserouteOptions(profiles="datasheet"))
+        return CoreDriver(PhaserouteOptions(profiles="datasheet"))
     if name in BASELINES:
         return BASELINES[name]()
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)} (or 'all')")

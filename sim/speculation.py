@@ -1,8 +1,9 @@
 """Speculative copies of straggling attempts (the policy decides which; the first result wins).
 
 At every profile refresh the simulator lists the attempts running on instances (phase,
-pool, start of the phase, tokens, batch) and asks the driver which are stragglers; the
-phaseroute driver asks ``find_stragglers`` of the policy package. Each straggler gets a copy:
+pool, start of the phase, tokens, batch) and asks a driver that has ``stragglers`` which are
+stragglers (phaseroute's driver does not: the control core finds its stragglers itself and
+places the copy through ``twin_of`` + ``place``). Each straggler gets a copy:
 a new request row with the same prompt, output and job, routed by the driver away from the
 pool the original runs on. Whichever of the two finishes decode first completes the request
 (counted once); the other is cancelled wherever it is (queue, prefill, transfer, decode) and
@@ -39,6 +40,12 @@ class Speculation:
             self._clone(rid, avoid)
 
     def _clone(self, rid: int, avoid: frozenset[str]) -> None:
+        new = self.twin_of(rid)
+        self.driver.on_speculate(rid, new, avoid, self.now)
+        self._route(new)
+
+    def twin_of(self, rid: int) -> int:
+        """A new request row with the same prompt, output and job as ``rid``, linked as its twin."""
         new = len(self.prompt)
         for column, value in ((self.prompt, self.prompt[rid]), (self.output, self.output[rid]), (self.job, self.job[rid]),
                               (self.ctx, self.ctx[rid]), (self.status, NEW), (self.attempt, 0), (self.pre_pool, -1),
@@ -47,8 +54,7 @@ class Speculation:
             column.append(value)
         self.twin[new], self.twin[rid] = rid, new
         self.counters["speculated"] += 1
-        self.driver.on_speculate(rid, new, avoid, self.now)
-        self._route(new)
+        return new
 
     def _cancel(self, rid: int) -> None:
         """Withdraw a request's attempt wherever it is; its twin carries the request on."""

@@ -21,6 +21,7 @@ from .admission import (
     Rejected,
     TenantQuota,
     admit,
+    format_time,
     request_id,
     split_job,
 )
@@ -57,6 +58,7 @@ from .retry import (
     give_up_unplaced,
     is_straggler,
     next_step,
+    straggler_limit_s,
     straggler_threshold_s,
 )
 from .router import route
@@ -145,6 +147,7 @@ __all__ = [
     "effective_profile",
     "estimate_path",
     "find_stragglers",
+    "format_time",
     "fleet_tokens_per_s",
     "give_up_unplaced",
     "is_straggler",
@@ -158,6 +161,7 @@ __all__ = [
     "route",
     "service_time",
     "split_job",
+    "straggler_limit_s",
     "straggler_threshold_s",
     "transfer_time",
 ]

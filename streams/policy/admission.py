@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from enum import StrEnum
 
 from phaseroute.schemas import ids
@@ -124,6 +125,11 @@ class Admitted:
     requests: tuple[RequestWork, ...]
 
 
+def format_time(epoch_s: float) -> str:
+    """A time for a user: ISO 8601 in UTC to the second (``2026-12-01T20:17:28+00:00``)."""
+    return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(timespec="seconds")
+
+
 def request_id(job_id: str, custom_id: str) -> str:
     """The request's id as the messages carry it (one definition: :mod:`phaseroute.schemas.ids`)."""
     return ids.request_id(job_id, custom_id)
@@ -170,6 +176,18 @@ def _malformed(job: JobSpec) -> str | None:
         return f"quality_tolerance must be in [0, 1], got {job.quality_tolerance!r}"
     if job.deadline is not None and not (_is_number(job.deadline) and math.isfinite(job.deadline)):
         return f"deadline must be a finite time, got {job.deadline!r}"
+    problem = ids.job_id_problem(job.job_id)
+    if problem is not None:
+        return problem
+    for i in range(len(job.custom_ids)):
+        problem = ids.custom_id_problem(job.custom_ids[i])
+        if problem is not None:
+            return f"request {i}: {problem}"
+    seen: set[str] = set()
+    for custom_id in job.custom_ids:
+        if custom_id in seen:
+            return f"custom_id {custom_id!r} appears twice; each request of a job needs its own"
+        seen.add(custom_id)
     if not isinstance(job.quality_tier, QualityTier):
         return f"quality_tier must be one of {[t.value for t in QualityTier]}, got {job.quality_tier!r}"
     return None
@@ -190,18 +208,21 @@ def _validate(job: JobSpec, models: Mapping[str, ModelSpec], now: float) -> Reje
         return Rejected(job.job_id, RejectCode.UNKNOWN_MODEL, f"unknown model {job.model!r}; known: {sorted(models)}")
     longest = max(range(len(job.prompt_tokens)), key=lambda i: job.prompt_tokens[i] + job.output_cap(i))
     cap = job.output_cap(longest)
-    if job.prompt_tokens[longest] + cap > spec.context_tokens:
+    prompt = job.prompt_tokens[longest]
+    if prompt + cap > spec.context_tokens:
         allowed = spec.context_tokens - cap
+        fix = (f"prompts may have at most {allowed} tokens at this max_tokens" if allowed >= 1 else
+               f"max_tokens must be at most {spec.context_tokens - prompt} for this prompt")
         return Rejected(
             job.job_id,
             RejectCode.PROMPT_TOO_LONG,
-            f"prompt {longest} has {job.prompt_tokens[longest]} tokens + max_output_tokens {cap}"
-            f" > context {spec.context_tokens} of {job.model!r}; prompts may have at most {max(allowed, 0)} tokens"
-            f" at this max_output_tokens",
+            f"request {job.custom_id(longest)!r} has {prompt} prompt tokens + max_tokens {cap}"
+            f" > the context limit of {spec.context_tokens} tokens of {job.model!r}; {fix}",
         )
     if job.deadline is not None and job.deadline <= now:
         return Rejected(
-            job.job_id, RejectCode.DEADLINE_PASSED, f"deadline {job.deadline:.1f} is not after now ({now:.1f})"
+            job.job_id, RejectCode.DEADLINE_PASSED,
+            f"deadline {format_time(job.deadline)} is not after now ({format_time(now)})",
         )
     return None
 
@@ -355,13 +376,13 @@ def admit(
     why = (
         f"admitting it would make on-time job {verdict.broken_job!r} late"
         if verdict.broken_job is not None
-        else f"estimated completion {verdict.completion:.1f}"
+        else f"estimated completion {format_time(verdict.completion)}"
     )
     return Rejected(
         job.job_id,
         RejectCode.DEADLINE_INFEASIBLE,
-        f"deadline {job.deadline:.1f} cannot be met: {why} ({verdict.ahead_s:.1f} s of admitted work ahead +"
-        f" {work_s:.1f} s for {prefill} prompt + {decode:.0f} output tokens at {own_rates[0]:.0f} prefill /"
-        f" {own_rates[1]:.0f} decode tokens/s); earliest feasible deadline {verdict.earliest_deadline:.1f}",
+        f"deadline {format_time(job.deadline)} cannot be met: {why} ({verdict.ahead_s:.1f} s of admitted work"
+        f" ahead + {work_s:.1f} s for {prefill} prompt + {decode:.0f} output tokens at {own_rates[0]:.0f} prefill /"
+        f" {own_rates[1]:.0f} decode tokens/s); earliest feasible deadline {format_time(verdict.earliest_deadline)}",
         verdict.earliest_deadline,
     )

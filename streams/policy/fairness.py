@@ -5,7 +5,8 @@ within the tenant); ``schedule(free, now)`` releases requests in bounded *units*
 tenants in VTC order, only up to the capacity the caller says is free (backpressure); the
 caller routes each release and calls ``on_finished`` when the request is done (success or
 give-up), which frees the tenant's in-flight slot and corrects the charge to the tokens
-actually generated. A released request enqueued again (a retry, work of a lost pool) gives its
+actually generated; a release that did not run (no pool could place it) is given back whole
+with ``unrelease``. A released request enqueued again (a retry, work of a lost pool) gives its
 slot back first and keeps what it was charged: the fleet did that work.
 
 The state survives a restart of its owner: ``state()`` is each tenant's counter and served
@@ -133,7 +134,7 @@ class FairScheduler:
         self.config = config or FairConfig()
         self._tenants: dict[str, _Tenant] = {}
         self._job_cost: dict[str, float] = {}
-        self._running: dict[str, tuple[str, float]] = {}  # request id -> (tenant, charged output tokens)
+        self._running: dict[str, tuple[str, float, float]] = {}  # request id -> (tenant, charged output tokens, charge)
         self._floor = 0.0  # last minimum counter among backlogged tenants
         self._largest_cost = 0.0
         self._seq = 0
@@ -160,13 +161,26 @@ class FairScheduler:
         entry = self._running.pop(request_id, None)
         if entry is None:
             return False
-        tenant, charged_output = entry
+        tenant, charged_output, _ = entry
         state = self._tenants[tenant]
         state.in_flight -= 1
         if output_tokens is not None:
             delta = self.config.output_weight * (output_tokens - charged_output)
             state.served_cost += delta
             state.counter += delta / self.config.weight(tenant)
+        return True
+
+    def unrelease(self, request_id: str) -> bool:
+        """A released request that did not run (no pool could place it, or it ended meanwhile):
+        its tenant gets the in-flight slot and the whole charge back. False for an unknown request."""
+        entry = self._running.pop(request_id, None)
+        if entry is None:
+            return False
+        tenant, _, charge = entry
+        state = self._tenants[tenant]
+        state.in_flight -= 1
+        state.served_cost -= charge
+        state.counter -= charge / self.config.weight(tenant)
         return True
 
     def cancel_job(self, job_id: str) -> list[RequestWork]:
@@ -203,7 +217,7 @@ class FairScheduler:
         if request.request_id in self._running:
             return
         self._tenants.setdefault(request.tenant, _Tenant()).in_flight += 1
-        self._running[request.request_id] = (request.tenant, self._expected_output(request))
+        self._running[request.request_id] = (request.tenant, self._expected_output(request), self._charge(request))
 
     # --- decision ----------------------------------------------------------------------
     def schedule(self, free: FreeCapacity, now: float, fleet_cost_per_s: float | None = None) -> SchedulerOutput:
@@ -280,7 +294,7 @@ class FairScheduler:
                 self._job_cost[request.job_id] = left
             else:
                 self._job_cost.pop(request.job_id, None)
-            self._running[request.request_id] = (tenant, self._expected_output(request))
+            self._running[request.request_id] = (tenant, self._expected_output(request), cost)
         return taken
 
     # --- reporting ---------------------------------------------------------------------

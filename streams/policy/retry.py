@@ -167,6 +167,7 @@ class RunningAttempt:
     tokens: int  # prompt tokens (prefill) or max output tokens (decode)
     batch_size: int = 1
     attempts_started: int = 1  # attempts of this request ever started; a new one gets this number
+    prefill_tokens: int = 0  # a colocated attempt (phase DECODE): the prompt it prefills first
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,22 @@ def is_straggler(attempt: RunningAttempt, row: ProfileRow, now: float, config: R
     return now - attempt.started_at > threshold
 
 
+def straggler_limit_s(attempt: RunningAttempt, profiles: ProfileTable, variant: str, now: float,
+                      config: RetryConfig) -> float | None:
+    """How long ``attempt`` may run before it is a straggler, from its pool's effective profile
+    (a colocated attempt adds its prefill's limit); None when no profile can judge it."""
+    eff = effective_profile(profiles, attempt.model, attempt.phase, attempt.pool, variant, now, config.confidence)
+    if eff is None:
+        return None
+    limit = straggler_threshold_s(eff.row, attempt.phase, attempt.tokens, attempt.batch_size, config)
+    if attempt.prefill_tokens > 0:
+        pre = effective_profile(profiles, attempt.model, Phase.PREFILL, attempt.pool, variant, now, config.confidence)
+        if pre is None:
+            return None
+        limit += straggler_threshold_s(pre.row, Phase.PREFILL, attempt.prefill_tokens, 1, config)
+    return limit
+
+
 def find_stragglers(
     running: Iterable[RunningAttempt],
     profiles: ProfileTable,
@@ -209,12 +226,9 @@ def find_stragglers(
         if len(attempts) > config.max_speculative_copies:
             continue
         oldest = min(attempts, key=lambda a: a.started_at)
-        eff = effective_profile(
-            profiles, oldest.model, phase, oldest.pool, variants.get(oldest.pool, ""), now, config.confidence
-        )
-        if eff is None or not is_straggler(oldest, eff.row, now, config):
+        limit = straggler_limit_s(oldest, profiles, variants.get(oldest.pool, ""), now, config)
+        if limit is None or now - oldest.started_at <= limit:
             continue
-        limit = straggler_threshold_s(eff.row, phase, oldest.tokens, oldest.batch_size, config)
         copies.append(
             SpeculativeCopy(
                 request_id,

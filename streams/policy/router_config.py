@@ -51,8 +51,9 @@ class RouterConfig:
     disaggregation_candidates: int = 4
     """Disaggregated pairs are built among this many best prefill and decode pools (plus one pair
     per other pool); 0 builds every pair (O(pools^2) estimates per request)."""
-    heartbeat_timeout_s: float = 15.0
-    """A pool whose last heartbeat is older than this is treated as dead."""
+    heartbeat_timeout_s: float = 10.0
+    """A pool whose last heartbeat is older than this is treated as dead: the one timeout the pool
+    view, dead-pool detection and the router all read (workers beat every 2 s)."""
     deadline_slack_ref_s: float = 60.0
     """Slack at which the deadline scorer saturates: +ref -> 1, 0 -> 0.5, -ref -> 0."""
     stall_ref_s: float = 30.0

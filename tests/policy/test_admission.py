@@ -68,18 +68,27 @@ def decide(mk, j, backlog=(), quotas=None, config=CONFIG, models=MODELS):
         (
             dict(prompt_tokens=(10, 2000), max_output_tokens=100),
             RejectCode.PROMPT_TOO_LONG,
-            "prompt 1 has 2000 tokens + max_output_tokens 100 > context 2048 of 'm';"
+            "request '1' has 2000 prompt tokens + max_tokens 100 > the context limit of 2048 tokens of 'm';"
             " prompts may have at most 1948 tokens",
         ),
-        (dict(deadline=NOW), RejectCode.DEADLINE_PASSED, "deadline 1000.0 is not after now (1000.0)"),
+        (dict(deadline=NOW), RejectCode.DEADLINE_PASSED, "deadline 1970-01-01T00:16:40+00:00 is not after now (1970-01-01T00:16:40+00:00)"),
         (dict(output_tokens=(5, 5)), RejectCode.MALFORMED, "output_tokens must give one cap per prompt (10), got 2"),
         (dict(output_tokens=(5,) * 9 + (0,)), RejectCode.MALFORMED, "output_tokens[9] must be an integer >= 1, got 0"),
         (
             # the per-prompt cap decides: prompt 1 is short but may generate 1,500 tokens
             dict(prompt_tokens=(1000, 600), output_tokens=(10, 1500), max_output_tokens=1500),
             RejectCode.PROMPT_TOO_LONG,
-            "prompt 1 has 600 tokens + max_output_tokens 1500 > context 2048",
+            "request '1' has 600 prompt tokens + max_tokens 1500 > the context limit of 2048 tokens",
         ),
+        (
+            # a max_tokens beyond the context names the context limit, not "at most 0 tokens"
+            dict(prompt_tokens=(10, 20), max_output_tokens=10**9),
+            RejectCode.PROMPT_TOO_LONG,
+            "request '1' has 20 prompt tokens + max_tokens 1000000000 > the context limit of 2048 tokens of 'm';"
+            " max_tokens must be at most 2028 for this prompt",
+        ),
+        (dict(job_id="../../etc/evil"), RejectCode.MALFORMED, "may hold only letters, digits and . _ : -"),
+        (dict(custom_ids=("a", "a")), RejectCode.MALFORMED, "custom_id 'a' appears twice"),
     ],
 )
 def test_validation_reasons(mk, spec, code, needle):
@@ -157,7 +166,7 @@ def test_the_named_deadline_is_the_earliest_one_after_the_requested_one(mk):
     backlog = [BacklogJob("old", "u", "m", NOW + 30, 500_000, 50_000)]
     verdict = decide(mk, job(deadline=NOW + 50), backlog)
     assert isinstance(verdict, Rejected) and verdict.code is RejectCode.DEADLINE_INFEASIBLE
-    assert "estimated completion 1102.0 (100.0 s of admitted work ahead + 2.0 s" in verdict.reason
+    assert "estimated completion 1970-01-01T00:18:22+00:00 (100.0 s of admitted work ahead + 2.0 s" in verdict.reason
     assert verdict.earliest_feasible_deadline == pytest.approx(NOW + 102)
     assert isinstance(decide(mk, job(deadline=NOW + 102), backlog), Admitted)
 
@@ -168,7 +177,7 @@ def test_tight_backlog_pushes_the_job_behind_it_and_names_that_deadline(mk):
     assert isinstance(verdict, Rejected) and verdict.code is RejectCode.DEADLINE_INFEASIBLE
     # Going first would make "old" late (needs 2 s, it has 1 s of slack): it must go after, done at NOW + 102.
     assert verdict.earliest_feasible_deadline == pytest.approx(NOW + 102)
-    assert "on-time job 'old' late" in verdict.reason and "earliest feasible deadline 1102.0" in verdict.reason
+    assert "on-time job 'old' late" in verdict.reason and "earliest feasible deadline 1970-01-01T00:18:22+00:00" in verdict.reason
     again = decide(mk, job(deadline=verdict.earliest_feasible_deadline), backlog)
     assert isinstance(again, Admitted) and again.estimated_completion == pytest.approx(NOW + 102)
 
@@ -176,7 +185,7 @@ def test_tight_backlog_pushes_the_job_behind_it_and_names_that_deadline(mk):
 def test_own_work_too_long_for_the_deadline(mk):
     verdict = decide(mk, job(deadline=NOW + 1.5))
     assert verdict.code is RejectCode.DEADLINE_INFEASIBLE
-    assert "estimated completion 1002.0" in verdict.reason and verdict.earliest_feasible_deadline == pytest.approx(
+    assert "estimated completion 1970-01-01T00:16:42+00:00" in verdict.reason and verdict.earliest_feasible_deadline == pytest.approx(
         NOW + 2
     )
 

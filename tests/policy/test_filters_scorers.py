@@ -36,7 +36,7 @@ def run_filter(mk, name, *, pool=None, request=None, phase=Phase.DECODE, profile
         ("alive", {}, None),
         ("alive", {"pool": dict(alive=False)}, "not alive"),
         ("alive", {"pool": dict(workers=0)}, "pool has no workers"),
-        ("alive", {"pool": dict(heartbeat=10_000.0 - 16)}, "no heartbeat for 16.0 s (timeout 15.0 s)"),
+        ("alive", {"pool": dict(heartbeat=10_000.0 - 11)}, "no heartbeat for 11.0 s (timeout 10.0 s)"),
         (
             "serves_phase",
             {"pool": dict(phases=frozenset({Phase.PREFILL}))},

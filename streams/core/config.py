@@ -1,0 +1,69 @@
+"""The control core's configuration: the policy configs and the core's own knobs, one place each.
+
+The heartbeat timeout lives in ``RouterConfig.heartbeat_timeout_s`` (the pool view, dead-pool
+detection and the router read that one value); the tick period, slots per worker, failure
+window and back-off of unplaced requests live here. The live shell and the simulator build the
+same ``CoreConfig``; only tenants and models differ by deployment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from phaseroute.streams.policy import (
+    AdmissionConfig, FairConfig, ModelSpec, RetryConfig, RouterConfig, TenantQuota, _checks,
+)
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    models: Mapping[str, ModelSpec] = field(default_factory=dict)
+    """Models this deployment serves (name -> context length)."""
+    router: RouterConfig = field(default_factory=RouterConfig)
+    fair: FairConfig = field(default_factory=FairConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    quotas: Mapping[str, TenantQuota] = field(default_factory=dict)
+    tick_s: float = 0.25
+    """Period of the dispatch tick (the Faust timer; the simulator ticks at the same period)."""
+    slots_per_worker: int = 1
+    """Dispatched-but-unfinished requests per row of a worker's batch (backpressure)..."""
+    kv_in_flight_factor: float = 1.5
+    """...and their tokens at most this many times what the decode pools' KV memory holds."""
+    failure_window_s: float = 600.0
+    """A pool's recent failures are those of the last this-many seconds."""
+    unplaced_backoff_s: float = 1.0
+    """A request no pool can place waits this long before it is queued again..."""
+    unplaced_backoff_max_s: float = 5.0
+    """...doubling per refusal up to this."""
+    straggler_recheck_s: float = 10.0
+    """An attempt with no profile to judge it by is looked at again after this long."""
+    progress_every: int = 5
+    """A PROGRESS job event every this many finished requests."""
+    expire_after_deadline_s: float | None = 3600.0
+    """A job unfinished this long after its deadline expires (its open requests fail with
+    ``batch_expired``); None: jobs never expire."""
+    greedy_only: bool = True
+    """The backend decodes greedily only: a job with temperature > 0 is rejected."""
+
+    def __post_init__(self) -> None:
+        owner = "CoreConfig"
+        _checks.positive(owner, "tick_s", self.tick_s)
+        _checks.at_least(owner, "slots_per_worker", self.slots_per_worker, 1)
+        _checks.positive(owner, "kv_in_flight_factor", self.kv_in_flight_factor)
+        _checks.positive(owner, "failure_window_s", self.failure_window_s)
+        _checks.positive(owner, "unplaced_backoff_s", self.unplaced_backoff_s)
+        _checks.at_least(owner, "unplaced_backoff_max_s", self.unplaced_backoff_max_s, self.unplaced_backoff_s)
+        _checks.positive(owner, "straggler_recheck_s", self.straggler_recheck_s)
+        _checks.at_least(owner, "progress_every", self.progress_every, 1)
+        if self.expire_after_deadline_s is not None:
+            _checks.non_negative(owner, "expire_after_deadline_s", self.expire_after_deadline_s)
+
+    @property
+    def heartbeat_timeout_s(self) -> float:
+        return self.router.heartbeat_timeout_s
+
+    def unplaced_backoff(self, tries: int) -> float:
+        """Wait before queueing again a request refused ``tries`` times in a row."""
+        return min(self.unplaced_backoff_s * 2.0 ** min(tries - 1, 30), self.unplaced_backoff_max_s)

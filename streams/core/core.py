@@ -1,0 +1,249 @@
+"""The control core: one pure, typed state machine that both the live control plane and the
+simulator drive. Events in, decisions out; no Kafka, no Faust, no clock (``now`` is passed in).
+
+Life of a job through the core:
+``JobSubmitted`` -> admission (``jobs.JobBook``) -> ``QueueRequest`` per request, ``JobChanged``;
+``RequestQueued`` -> the fair queues (``dispatcher.Dispatcher``); ``tick`` -> expiries, due
+back-offs, dead pools, stragglers (``recovery``), then release + routing -> ``Dispatch``;
+``KvReady`` / ``AttemptFailed`` / ``ResultReceived`` move requests on (retries, give-ups ->
+``FailRequest``); ``OutputWritten`` completes a job once its output is whole -> ``Forget``.
+``FleetObserved`` / ``ProfilesUpdated`` / ``TenantsUpdated`` refresh what the decisions read.
+
+One bad event never stops the core: an exception while handling an event becomes a ``Problem``
+decision (the shell logs it and dead-letters the event) and the core goes on; an exception
+while placing one request in a tick fails that attempt (``Dispatcher.internal_error``). After
+each event and each tick the changed jobs, requests and tenant counters are written to the
+store, from which ``restore`` rebuilds a core after a restart.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable
+from typing import Any
+
+from phaseroute.schemas.enums import JobEventKind, JobState
+from phaseroute.streams.policy import Phase, fleet_tokens_per_s
+
+from . import recovery
+from .config import CoreConfig
+from .decisions import Decision, FailRequest, Forget, Problem
+from .dispatcher import Dispatcher, Reports
+from .events import (
+    AttemptFailed, CancelRequested, Event, FleetObserved, JobSubmitted, KvReady, OutputWritten, ProfilesUpdated,
+    RequestQueued, ResultReceived, TenantsUpdated,
+)
+from .jobs import JobBook, changed, output_whole
+from .state import JobRecord, RequestState, RequestStatus
+from .store import CoreStore, NullStore
+
+
+class ControlCore:
+    def __init__(self, config: CoreConfig, store: CoreStore | None = None, seed: int = 0) -> None:
+        self.config = config
+        self.store: CoreStore = store if store is not None else NullStore()
+        self.jobs = JobBook(config)
+        self.dispatch = Dispatcher(config, random.Random(seed))
+        self.quotas = dict(config.quotas)
+        self._tenants_saved: dict[str, tuple[float, float]] = {}
+        self._handlers: dict[type, Callable[[Any, float], list[Decision]]] = {
+            JobSubmitted: self._submitted, RequestQueued: self._queued, KvReady: self._kv_ready,
+            ResultReceived: self._result, AttemptFailed: self._attempt_failed, OutputWritten: self._output_written,
+            CancelRequested: self._cancel, FleetObserved: self._fleet, ProfilesUpdated: self._profiles,
+            TenantsUpdated: self._tenants,
+        }
+
+    # -- the two entry points ------------------------------------------------------------------
+    def handle(self, event: Event, now: float) -> list[Decision]:
+        """Fold one event into the state; the decisions it leads to."""
+        try:
+            out = self._handlers[type(event)](event, now)
+        except Exception as exc:  # one bad event must not stop the control plane
+            out = [Problem(type(event).__name__, f"{type(exc).__name__}: {exc}", event)]
+        self._flush()
+        return out
+
+    def tick(self, now: float) -> list[Decision]:
+        """The clock: expiries, due back-offs, dead pools, stragglers, then release and placement."""
+        out: list[Decision] = []
+        steps: tuple[tuple[str, Callable[[float], list[Decision] | None]], ...] = (
+            ("expire", self._expire), ("backoff", lambda t: recovery.requeue_due(self.dispatch, t)),
+            ("dead pools", lambda t: recovery.redispatch_dead_pools(self.dispatch, t)),
+            ("stragglers", lambda t: recovery.speculate(self.dispatch, t)), ("release", self.dispatch.release),
+        )
+        self.dispatch.fleet.age(now)
+        for name, step in steps:
+            try:
+                out += step(now) or []
+            except Exception as exc:  # one failing step must not stop the others
+                out.append(Problem(f"tick/{name}", f"{type(exc).__name__}: {exc}"))
+        self._flush()
+        return out
+
+    # -- events --------------------------------------------------------------------------------
+    def _submitted(self, ev: JobSubmitted, now: float) -> list[Decision]:
+        return self.jobs.submit(ev, now, self.dispatch.fleet.states(), self.dispatch.table, self.quotas)
+
+    def _queued(self, ev: RequestQueued, now: float) -> list[Decision]:
+        job = self.jobs.jobs.get(ev.job_id)
+        job_open = job is None or not job.state.is_finished
+        return self._closing(self.dispatch.queue(ev, now, job_open))
+
+    def _kv_ready(self, ev: KvReady, now: float) -> list[Decision]:
+        self.dispatch.kv_ready(ev, now)
+        return []
+
+    def _result(self, ev: ResultReceived, now: float) -> list[Decision]:
+        closed = self.dispatch.result(ev, now)
+        if closed is None:
+            return []
+        if closed.was_open:
+            self.jobs.on_request_closed(closed.job_id, closed.prompt_tokens, closed.max_tokens)
+        out = self.jobs.on_result(closed.job_id, closed.ok, ev.prompt_tokens, ev.completion_tokens, now)
+        return out + self._forget_if_whole(closed.job_id)
+
+    def _attempt_failed(self, ev: AttemptFailed, now: float) -> list[Decision]:
+        return self._closing(self.dispatch.attempt_failed(ev, now))
+
+    def _output_written(self, ev: OutputWritten, now: float) -> list[Decision]:
+        return self.jobs.on_output_written(ev.job_id, ev.lines, now) + self._forget_if_whole(ev.job_id)
+
+    def _cancel(self, ev: CancelRequested, now: float) -> list[Decision]:
+        job = self.jobs.cancel(ev.job_id, ev.tenant, ev.reason, now)
+        if job is None:
+            return []  # unknown, another tenant's, or already finished: nothing changes
+        out: list[Decision] = [changed(job, JobEventKind.CANCELLED, ev.reason)]
+        out += self._closing(self.dispatch.fail_job(job.job_id, f"cancelled: {ev.reason}", "batch_cancelled", now))
+        return out + self._forget_if_whole(job.job_id)
+
+    def _expire(self, now: float) -> list[Decision]:
+        out: list[Decision] = []
+        for job in self.jobs.due_expiry(now):
+            out.append(changed(job, JobEventKind.EXPIRED, job.reason))
+            out += self._closing(self.dispatch.fail_job(job.job_id, f"expired: {job.reason}", "batch_expired", now))
+        return out
+
+    def _fleet(self, ev: FleetObserved, now: float) -> list[Decision]:
+        self.dispatch.fleet.observe(ev.pools)
+        return []
+
+    def _profiles(self, ev: ProfilesUpdated, now: float) -> list[Decision]:
+        d = self.dispatch
+        d.table = ev.table
+        d.fleet.learn_kv_sizes(ev.table)
+        d.router_state.refresh(d.fleet.states(), ev.table, self.config.router, now)
+        d.fleet_cost_per_s = self._fleet_cost_rate(now)
+        return []
+
+    def _tenants(self, ev: TenantsUpdated, now: float) -> list[Decision]:
+        self.dispatch.fair.config = ev.fair
+        self.quotas = dict(ev.quotas)
+        return []
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _closing(self, out: list[Decision]) -> list[Decision]:
+        """Requests that start failing leave their job's backlog."""
+        for decision in out:
+            if isinstance(decision, FailRequest):
+                self.jobs.on_request_closed(decision.work.job_id, decision.work.prompt_tokens,
+                                            decision.work.max_output_tokens)
+        return out
+
+    def _forget_if_whole(self, job_id: str) -> list[Decision]:
+        """A job whose output is whole is done with: its requests leave the state and the store."""
+        job = self.jobs.jobs.get(job_id)
+        if job is None or not job.state.is_finished or not output_whole(job):
+            return []
+        ids = self.dispatch.by_job.pop(job_id, set())
+        if not ids:
+            return []
+        for rid in ids:
+            self.dispatch.requests.pop(rid, None)
+            self.dispatch.dirty.add(rid)
+        return [Forget(job_id, tuple(sorted(ids)))]
+
+    def _fleet_cost_rate(self, now: float) -> float | None:
+        """Measured fleet throughput in the fair scheduler's cost units per second, at the mix of
+        the admitted backlog (it sharpens the deadline slack of urgent tenants)."""
+        d, fair = self.dispatch, self.dispatch.fair.config
+        pools, rate = d.fleet.states(), 0.0
+        by_model: dict[str, list[float]] = {}
+        for job in self.jobs.open.values():
+            acc = by_model.setdefault(job.model, [0.0, 0.0])
+            acc[0] += job.prefill_left
+            acc[1] += job.decode_left
+        for model in self.config.models:
+            pre = fleet_tokens_per_s(model, Phase.PREFILL, pools, d.table, now, self.config.router.confidence)
+            dec = fleet_tokens_per_s(model, Phase.DECODE, pools, d.table, now, self.config.router.confidence)
+            tokens_in, tokens_out = by_model.get(model, [1.0, 1.0])
+            if pre > 0 and dec > 0 and tokens_in + tokens_out > 0:
+                rate += fair.cost(tokens_in, tokens_out) / (tokens_in / pre + tokens_out / dec)
+        return rate or None
+
+    @property
+    def reports(self) -> Reports:
+        return self.dispatch.reports
+
+    # -- persistence ---------------------------------------------------------------------------
+    def _flush(self) -> None:
+        d, jobs, store = self.dispatch, self.jobs, self.store
+        if not store.enabled:
+            d.dirty.clear()
+            jobs.dirty.clear()
+            return
+        for rid in d.dirty:
+            state = d.requests.get(rid)
+            if state is None:
+                store.requests.pop(rid, None)
+            else:
+                store.requests[rid] = state.to_record()
+        for job_id in jobs.dirty:
+            store.jobs[job_id] = jobs.jobs[job_id].to_record()
+        for tenant, (counter, served) in d.tenants_changed(self._tenants_saved).items():
+            store.tenants[tenant] = {"counter": counter, "served_cost": served}
+        d.dirty.clear()
+        jobs.dirty.clear()
+
+    def restore(self, now: float) -> list[Decision]:
+        """Rebuild the state from the store (a restart); the decisions to send again: the final
+        failed results of requests that were failing (a result read twice counts once)."""
+        d, store = self.dispatch, self.store
+        saved = {t: (float(v["counter"]), float(v["served_cost"])) for t, v in store.tenants.items()}
+        d.fair.restore(saved)
+        self._tenants_saved = dict(saved)
+        for record in store.jobs.values():
+            self.jobs.restore(JobRecord.from_record(record))
+        out: list[Decision] = []
+        for rid, record in sorted(store.requests.items()):
+            state = RequestState.from_record(rid, record)
+            out += self._restore_request(state, now)
+        d.dirty.clear()
+        self.jobs.dirty.clear()
+        return out
+
+    def _restore_request(self, state: RequestState, now: float) -> list[Decision]:
+        d = self.dispatch
+        d.requests[state.request_id] = state
+        d.by_job.setdefault(state.job_id, set()).add(state.request_id)
+        status = state.status
+        if status is RequestStatus.QUEUED:
+            d.fair.enqueue(state.work, now)
+        elif status is RequestStatus.BACKOFF:
+            heapq.heappush(d.backoff, (state.retry_at or now, d._next_seq(), state.request_id))
+        elif status is RequestStatus.RUNNING:
+            d.fair.resume(state.work)  # it holds its tenant's slot again
+            attempts, state.attempts = state.attempts, []
+            for attempt in attempts:
+                state.attempts.append(attempt)
+                d.fleet.add_in_flight(attempt.pool, 1, state.work.total_tokens)
+                d.on_pool.setdefault(attempt.pool, set()).add((state.request_id, attempt.number))
+                d.watch(state, attempt, now)
+        elif status is RequestStatus.FAILING:
+            return [FailRequest(state.work, state.custom_id, state.next_attempt, state.final_reason or "failed",
+                                state.final_code or "request_failed")]
+        return []
+
+    def job_state(self, job_id: str) -> JobState | None:
+        job = self.jobs.jobs.get(job_id)
+        return None if job is None else job.state
