@@ -25,6 +25,18 @@ from phaseroute.schemas import serde
 HEARTBEAT_TOPIC = "pools.heartbeat"
 
 
+def kv_format_of(executor: Any) -> str | None:
+    """The KV layout an executor writes and reads: ``model|dtype|layers x heads x dim|vN``. Two
+    pools may hand a KV cache over only when these are equal (the router's pair filter)."""
+    from phaseroute.engine.protocol import KV_LAYOUT_VERSION
+
+    try:
+        shape = f"{executor.num_layers}x{executor.kv_heads}x{executor.head_dim}"
+        return f"{executor.model_name}|{executor.config.dtype}|{shape}|v{KV_LAYOUT_VERSION}"
+    except AttributeError:
+        return None  # an executor without a KV cache of this kind
+
+
 @dataclass(frozen=True)
 class WorkerIdentity:
     pool: str
@@ -33,6 +45,7 @@ class WorkerIdentity:
     variant: str
     models: tuple[str, ...]
     device: str = "cpu"
+    kv_format: str | None = None
 
 
 class Heartbeat:
@@ -76,6 +89,7 @@ class Heartbeat:
             "memory_bytes": int(numbers.get("memory_bytes") or psutil.Process().memory_info().rss),
             "kv_free_bytes": int(numbers.get("kv_free_bytes", 0)),
             "kv_capacity_bytes": None if numbers.get("kv_capacity_bytes") is None else int(numbers["kv_capacity_bytes"]),
+            "kv_format": ident.kv_format,
             "host": socket.gethostname(), "pid": os.getpid(), "status": status,
             "started_at": int(self.started_at * 1000), "interval_s": self.interval_s, "at": int(time.time() * 1000),
         }

@@ -18,7 +18,7 @@ from typing import Any
 
 from phaseroute.config import Settings
 from phaseroute.consumers.handler import Handler
-from phaseroute.consumers.heartbeat import Heartbeat, WorkerIdentity
+from phaseroute.consumers.heartbeat import Heartbeat, WorkerIdentity, kv_format_of
 from phaseroute.consumers.loop import LoopConfig, WorkerLoop
 from phaseroute.consumers.phase_handler import KVBitflips, PhaseHandler, WorkerSpec
 from phaseroute.consumers.prefill_stage import MicroBatchLimits
@@ -91,7 +91,8 @@ def build_phase_worker(settings: Settings, opts: WorkerOptions, executor: Any = 
         topic_kinds=worker_topics(opts.pool, opts.phase), service=f"{opts.phase}-worker/{opts.pool}",
     )
     identity = WorkerIdentity(opts.pool, worker_id, opts.phase.upper(), opts.variant, (executor.model_name,),
-                              device=getattr(getattr(executor, "config", None), "device", "cpu"))
+                              device=getattr(getattr(executor, "config", None), "device", "cpu"),
+                              kv_format=kv_format_of(executor))
     return _with_heartbeat(config, handler, identity, opts.heartbeat_s)
 
 

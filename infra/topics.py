@@ -65,27 +65,56 @@ class TopicSpec:
         return cfg
 
 
+# Topic names: every process takes them from here (never a literal of its own).
+JOBS_SUBMITTED = "jobs.submitted"
+JOBS_COMMANDS = "jobs.commands"
+JOBS_EVENTS = "jobs.events"
+JOBS_STATE = "jobs.state"
+REQUESTS_PENDING = "requests.pending"
+KV_READY = "kv.ready"
+RESULTS = "results"
+RESULTS_WRITTEN = "results.written"
+ATTEMPTS_FAILED = "attempts.failed"
+TELEMETRY_PHASE = "telemetry.phase"
+POOLS_HEARTBEAT = "pools.heartbeat"
+PROFILES = "profiles"
+CANARY_RESULTS = "canary.results"
+TELEMETRY_DRIFT = "telemetry.drift"
+QUALITY_ALERTS = "quality.alerts"
+DEADLETTER = "deadletter"
+
+
+def prefill_topic(pool: str) -> str:
+    """The topic of prefill (or colocated) work for ``pool``'s workers."""
+    return f"prefill.{check_pool_name(pool)}"
+
+
+def decode_topic(pool: str) -> str:
+    """The topic of decode work (KV prefilled elsewhere) for ``pool``'s workers."""
+    return f"decode.{check_pool_name(pool)}"
+
+
 def _control(name: str, kind: str, key: str, doc: str, **kw: object) -> TopicSpec:
     return TopicSpec(name, CONTROL_PARTITIONS, kind, key, doc, copartition_group="control", **kw)  # type: ignore[arg-type]
 
 
 STATIC_TOPICS: tuple[TopicSpec, ...] = (
-    _control("jobs.submitted", "job_submitted", "job_id", "Jobs as producers submit them (idempotent by job_id)."),
-    _control("jobs.commands", "job_command", "job_id", "Operator/tenant commands on a job (cancel)."),
-    _control("jobs.events", "job_event", "job_id", "Every job life-cycle event: admitted, rejected + reason, progress, done.", retention_ms=30 * DAY_MS),
-    _control("jobs.state", "job_event", "job_id", "Latest event per job (compacted): job state rebuilt after any restart.", compacted=True, retention_ms=-1),
-    _control("requests.pending", "request", "tenant", "Admitted requests waiting for the fair scheduler."),
-    _control("kv.ready", "kv_ready", "job_id", "Prefill finished: where the KV blob is, its size and checksum."),
-    _control("results", "result", "job_id", "One result per finished attempt (dedup by request_id downstream)."),
-    _control("results.written", "output_written", "job_id", "The result sink's receipts: a job's output lines fsynced so far; the job completes on them."),
-    _control("attempts.failed", "attempt_failed", "job_id", "A failed attempt (KV corrupt or lost, worker error) for the tracker to retry."),
-    TopicSpec("telemetry.phase", 2, "phase_telemetry", "pool", "One record per executed batch, for ClickHouse."),
-    TopicSpec("pools.heartbeat", 1, "pool_heartbeat", "worker_id", "Worker liveness, queue depth, memory.", retention_ms=DAY_MS),
-    TopicSpec("profiles", 1, "profile_row", "model|phase|pool|variant", "Measured profile rows (compacted) the router joins against.", compacted=True, retention_ms=-1),
-    TopicSpec("canary.results", 1, "result", "job_id", "Results of drift canaries (tenant _canary), for the drift monitor; real results go to results.", retention_ms=DAY_MS),
-    TopicSpec("telemetry.drift", 1, "drift_measurement", "model|prefill_pool|decode_pool", "Canary drift per path and round (drift monitor), for ClickHouse.", retention_ms=30 * DAY_MS),
-    TopicSpec("quality.alerts", 1, "quality_alert", "model|prefill_pool|decode_pool", "Paths demoted from, or restored to, EXACT-tier work by the drift monitor.", retention_ms=30 * DAY_MS),
-    TopicSpec("deadletter", 1, "dead_letter", "source topic", "Undecodable or invalid messages, each with its reason.", retention_ms=30 * DAY_MS),
+    _control(JOBS_SUBMITTED, "job_submitted", "job_id", "Jobs as producers submit them (idempotent by job_id)."),
+    _control(JOBS_COMMANDS, "job_command", "job_id", "Operator/tenant commands on a job (cancel)."),
+    _control(JOBS_EVENTS, "job_event", "job_id", "Every job life-cycle event: admitted, rejected + reason, progress, done.", retention_ms=30 * DAY_MS),
+    _control(JOBS_STATE, "job_event", "job_id", "Latest event per job (compacted): job state rebuilt after any restart.", compacted=True, retention_ms=-1),
+    _control(REQUESTS_PENDING, "request", "tenant", "Admitted requests waiting for the fair scheduler."),
+    _control(KV_READY, "kv_ready", "job_id", "Prefill finished: where the KV blob is, its size and checksum."),
+    _control(RESULTS, "result", "job_id", "One result per finished attempt (dedup by request_id downstream)."),
+    _control(RESULTS_WRITTEN, "output_written", "job_id", "The result sink's receipts: a job's output lines fsynced so far; the job completes on them."),
+    _control(ATTEMPTS_FAILED, "attempt_failed", "job_id", "A failed attempt (KV corrupt or lost, worker error) for the tracker to retry."),
+    TopicSpec(TELEMETRY_PHASE, 2, "phase_telemetry", "pool", "One record per executed batch, for ClickHouse."),
+    TopicSpec(POOLS_HEARTBEAT, 1, "pool_heartbeat", "worker_id", "Worker liveness, queue depth, memory.", retention_ms=DAY_MS),
+    TopicSpec(PROFILES, 1, "profile_row", "model|phase|pool|variant", "Measured profile rows (compacted) the router joins against.", compacted=True, retention_ms=-1),
+    TopicSpec(CANARY_RESULTS, 1, "result", "job_id", "Results of drift canaries (tenant _canary), for the drift monitor; real results go to results.", retention_ms=DAY_MS),
+    TopicSpec(TELEMETRY_DRIFT, 1, "drift_measurement", "model|prefill_pool|decode_pool", "Canary drift per path and round (drift monitor), for ClickHouse.", retention_ms=30 * DAY_MS),
+    TopicSpec(QUALITY_ALERTS, 1, "quality_alert", "model|prefill_pool|decode_pool", "Paths demoted from, or restored to, EXACT-tier work by the drift monitor.", retention_ms=30 * DAY_MS),
+    TopicSpec(DEADLETTER, 1, "dead_letter", "source topic", "Undecodable or invalid messages, each with its reason.", retention_ms=30 * DAY_MS),
 )
 
 POOL_TOPIC_TEMPLATES: dict[str, tuple[str, str]] = {

@@ -84,7 +84,7 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
         "output_text": "2, 3 and 5.", "output_token_ids": [504, 28, 216, 46, 284, 216, 47, 30, 2],
         "finish_reason": "STOP", "prompt_tokens": 21, "completion_tokens": 9, "prefill_pool": "cpu-fp32-a",
         "decode_pool": "cpu-int8-b", "colocated": False, "prefill_time_s": 0.041, "decode_time_s": 0.118,
-        "kv_transfer_s": 0.0031, "kv_bytes": KV_BYTES, "error": None, "completed_at": T0 + 480,
+        "kv_transfer_s": 0.0031, "kv_bytes": KV_BYTES, "error": None, "error_code": None, "completed_at": T0 + 480,
         "canary": None, "canary_trace": None,
     },
     "output_written": {
@@ -108,7 +108,8 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
         "pool": "cpu-int8-b", "worker_id": "cpu-int8-b-0", "phase": "DECODE", "variant": "int8-dynamic",
         "device": "cpu", "models": [MODEL], "queue_depth": 3, "consumer_lag": 5, "batch_in_flight": 8,
         "max_batch": 32, "memory_bytes": 812_000_000, "kv_free_bytes": 1_500_000_000,
-        "kv_capacity_bytes": 4_000_000_000, "host": "node-2",
+        "kv_capacity_bytes": 4_000_000_000,
+        "kv_format": "SmolLM2-135M-Instruct|float32|30x3x64|v1", "host": "node-2",
         "pid": 41_877, "status": "UP", "started_at": T0 - 600_000, "interval_s": 5.0, "at": T0 + 500,
     },
     "profile_row": {

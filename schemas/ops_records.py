@@ -85,6 +85,7 @@ class PoolHeartbeat(AvroRecord):
     memory_bytes: int
     kv_free_bytes: int
     kv_capacity_bytes: int | None = None
+    kv_format: str | None = None
     host: str
     pid: int
     status: WorkerStatus

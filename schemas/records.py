@@ -242,6 +242,7 @@ class Result(AvroRecord):
     kv_transfer_s: float = 0.0
     kv_bytes: int = 0
     error: str | None = None
+    error_code: str | None = None
     completed_at: int
     canary: CanaryProbe | None = None
     canary_trace: CanaryTrace | None = None

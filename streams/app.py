@@ -1,64 +1,104 @@
-"""The Faust app of the control plane: topics, tables, agents and the dispatch timer.
+"""The Faust app of the control plane: a thin shell that feeds Kafka records to the control core.
 
-Life of a job through the agents (each agent hands its event to ``ControlPlane`` and sends
-what it returns):
-- ``admission`` on ``jobs.submitted`` -> ``jobs.events`` / ``jobs.state`` and ``requests.pending``;
-- ``scheduler`` on ``requests.pending`` -> the ``requests`` table and the fair queues;
-- ``dispatch`` timer -> ``prefill.<pool>`` (router decisions), retries, speculation, pool loss;
-- ``tracker`` agents on ``kv.ready``, ``results``, ``attempts.failed`` -> progress, retries;
-  ``output_written`` on ``results.written`` (the result sink's receipts) -> completion, once the
-  output file holds every line; ``commands`` on ``jobs.commands`` -> cancellation.
-Undecodable messages go to ``deadletter`` with the reason. Tables (``jobs``, ``requests``, and
-``fairness``: each tenant's VTC counter) use ``use_partitioner`` (keys hashed like any producer
-would), are changelog-backed and rebuilt from Kafka at start; then ``restore`` gives the fair
-scheduler back its counters and running requests and re-queues what was pending. One control-plane process owns all partitions.
+Life of a job through the agents (each hands its record to ``ControlShell``, which asks the
+pure ``ControlCore`` and returns what to send):
+- ``submit`` on ``jobs.submitted``: intake (render + tokenize) runs in a worker thread, off the
+  event loop, then admission -> ``requests.pending`` and ``jobs.events`` / ``jobs.state``;
+- ``pending`` on ``requests.pending`` -> the fair queues (the text goes to the ``prompts`` table);
+- the ``dispatch`` timer (every ``tick_s``) -> ``prefill.<pool>`` work, retries, speculative
+  copies, work of dead pools placed again, expiries;
+- ``kv_ready``, ``result``, ``attempt_failed`` on ``kv.ready``, ``results``, ``attempts.failed``;
+  ``output_written`` on ``results.written`` (the sink's receipts) -> completion once the output is
+  whole; ``cancel`` on ``jobs.commands``.
+Undecodable records, and records the core could not handle, go to ``deadletter`` with the
+reason; an exception in an agent or in the timer is logged and dead-lettered and the agent goes
+on (Faust would otherwise ack the event silently, or stop the app from a timer). The core's
+state lives in changelog-backed tables (``jobs``, ``requests``, ``tenants``; ``prompts`` holds
+each request's text once); after a restart the tables are rebuilt from Kafka and ``restore``
+rebuilds the core from them, without blocking the event loop while the profile and pool views
+catch up. One control-plane process owns all partitions (scale-out builds on this shape: jobs
+and requests are keyed so they can be partitioned).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import json
 import logging
 import time
+from collections.abc import MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import faust
 
 from phaseroute.config import Settings
+from phaseroute.infra import topics
 from phaseroute.infra.topics import CONTROL_PARTITIONS
 from phaseroute.schemas import faust_codec  # noqa: F401  (registers the phaseroute-avro codecs)
+from phaseroute.schemas.deadletter import to_dead_letter
+from phaseroute.schemas.enums import DeadLetterStage
 from phaseroute.schemas.faust_codec import CODEC_NAME, Undecodable
-from phaseroute.streams.control import ControlConfig, ControlPlane
+from phaseroute.streams.core import ControlCore
+from phaseroute.streams.edge import Send, ms
 from phaseroute.streams.model_catalog import load_model_info
-from phaseroute.streams.records import Send
+from phaseroute.streams.settings import core_config
+from phaseroute.streams.shell import ControlShell
 from phaseroute.streams.views import PoolView, ProfileView, TopicFollower
 
 log = logging.getLogger(__name__)
 APP_ID = "phaseroute-control"
+CATCH_UP_S = 15.0  # how long a (re)start waits for the profile and pool views before it dispatches anyway
+
+# (topic, Avro kind, agent name): every topic the control plane reads besides jobs.submitted
+_INPUTS = (
+    (topics.REQUESTS_PENDING, "request", "pending"), (topics.KV_READY, "kv_ready", "kv_ready"),
+    (topics.RESULTS, "result", "result"), (topics.ATTEMPTS_FAILED, "attempt_failed", "attempt_failed"),
+    (topics.RESULTS_WRITTEN, "output_written", "output_written"), (topics.JOBS_COMMANDS, "job_command", "cancel"),
+)
 
 
-def build_app(settings: Settings, config: ControlConfig, models: tuple[str, ...] = ("smollm2-135m",),
-              tick_s: float = 0.25) -> tuple[faust.App, dict[str, Any]]:
-    """The Faust app and a handle dict (``control``, views) for the caller to start and inspect."""
+@dataclass
+class TableStore:
+    """The core's store in Faust tables (changelog-backed, rebuilt from Kafka at start)."""
+
+    jobs: MutableMapping[str, Any]
+    requests: MutableMapping[str, Any]
+    tenants: MutableMapping[str, Any]
+    enabled: bool = True
+
+
+def build_app(settings: Settings, tenants_file: Path | None = None, models: tuple[str, ...] = ("smollm2-135m",),
+              **overrides: Any) -> tuple[faust.App, dict[str, Any]]:
+    """The Faust app and a handle dict (``shell``, ``core``, views) for the caller to inspect.
+    ``overrides`` are ``CoreConfig`` fields (tests shorten timeouts with them)."""
+    infos = {m: load_model_info(m, settings.model_cache) for m in models}
+    config = core_config(infos, tenants_file, **overrides)
     app = faust.App(
         APP_ID, broker=f"kafka://{settings.bootstrap_servers}", store="memory://", web_enabled=False,
         topic_partitions=CONTROL_PARTITIONS, topic_replication_factor=1, consumer_auto_offset_reset="earliest",
-        datadir=str(settings.home / "faust")
+        datadir=str(settings.home / "faust"),
     )
 
     def topic(name: str, kind: str) -> faust.TopicT:
         return app.topic(name, key_serializer="raw", value_serializer=f"{CODEC_NAME}.{kind}")
 
-    jobs = app.Table("jobs", default=None, partitions=CONTROL_PARTITIONS, use_partitioner=True)
-    requests = app.Table("requests", default=None, partitions=CONTROL_PARTITIONS, use_partitioner=True)
-    fairness = app.Table("fairness", default=None, partitions=CONTROL_PARTITIONS, use_partitioner=True)
+    def table(name: str) -> Any:
+        return app.Table(name, default=None, partitions=CONTROL_PARTITIONS, use_partitioner=True)
+
+    store = TableStore(table("jobs"), table("requests"), table("tenants"))
+    prompts = table("prompts")
+    core = ControlCore(config, store)
     profile_view, pool_view = ProfileView(), PoolView(dead_after_s=config.heartbeat_timeout_s)
-    infos = {m: load_model_info(m, settings.model_cache) for m in models}
-    control = ControlPlane(jobs, requests, profile_view, pool_view, infos, config, fairness=fairness)
-    handle: dict[str, Any] = {"control": control, "profiles": profile_view, "pools": pool_view, "followers": [],
-                              "ready": False}
+    shell = ControlShell(core, prompts, infos, lambda job_id: f"{settings.results_dir}/{job_id}.jsonl", pool_view,
+                         profile_view)
+    intake_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="intake")
+    handle: dict[str, Any] = {"shell": shell, "core": core, "profiles": profile_view, "pools": pool_view,
+                              "followers": [], "ready": False, "restoring": False}
     out_topics: dict[tuple[str, str], faust.TopicT] = {}
-    dead = topic("deadletter", "dead_letter")
+    dead = topic(topics.DEADLETTER, "dead_letter")
 
     async def send_all(sends: list[Send]) -> None:
         for s in sends:
@@ -67,56 +107,75 @@ def build_app(settings: Settings, config: ControlConfig, models: tuple[str, ...]
                 target = out_topics[(s.topic, s.kind)] = topic(s.topic, s.kind)
             await target.send(key=s.key.encode(), value=s.record)
 
-    def agent_for(source: str, kind: str, method: str) -> None:
+    async def dead_letter(message: Any, record: Any, where: str, exc: BaseException) -> None:
+        raw = json.dumps(record, default=str).encode() if record is not None else None
+        await dead.send(key=str(message.topic).encode(), value=to_dead_letter(
+            raw, message.key, message.topic, message.partition, message.offset, exc, DeadLetterStage.PROCESS,
+            f"control/{where}", ms(time.time())))
+
+    def agent_for(source: str, kind: str, name: str) -> None:
         async def process(stream: Any) -> None:
             async for event in stream.events():
-                while not handle["ready"]:  # the views and the restored queues come first
+                while not handle["ready"]:  # the views and the restored core come first
                     await asyncio.sleep(0.1)
-                value = event.value
+                m, value = event.message, event.value
                 if isinstance(value, Undecodable):
-                    m = event.message
                     await dead.send(key=m.topic.encode(), value=value.to_dead_letter(
-                        m.key, m.topic, m.partition, m.offset, f"control/{method}", int(time.time() * 1000)))
+                        m.key, m.topic, m.partition, m.offset, f"control/{name}", ms(time.time())))
                     continue
                 record = value.to_dict() if hasattr(value, "to_dict") else value
                 try:
-                    await send_all(getattr(control, method)(record, time.time()))
-                except Exception:  # a bad event must not kill the agent (Faust would ack it anyway)
-                    log.exception("control/%s failed on %s", method, record.get("request_id") or record.get("job_id"))
+                    if kind == "job_submitted":
+                        items, error = await asyncio.get_running_loop().run_in_executor(
+                            intake_pool, shell.intake, record)
+                        sends = shell.submitted(record, items, error, time.time(), (m.topic, m.partition, m.offset,
+                                                                                     record))
+                    else:
+                        sends = shell.on_record(kind, record, time.time(), (m.topic, m.partition, m.offset, record))
+                    await send_all(sends)
+                except Exception as exc:  # one bad event must not stop the agent
+                    log.exception("control/%s failed on %s", name, m.key)
+                    await dead_letter(m, record, name, exc)
 
-        process.__name__ = f"{method}_agent"
-        app.agent(topic(source, kind), name=f"{APP_ID}.{method}")(process)
+        process.__name__ = f"{name}_agent"
+        app.agent(topic(source, kind), name=f"{APP_ID}.{name}")(process)
 
-    agent_for("jobs.submitted", "job_submitted", "submit")
-    agent_for("requests.pending", "request", "pending")
-    agent_for("kv.ready", "kv_ready", "kv_ready")
-    agent_for("results", "result", "result")
-    agent_for("attempts.failed", "attempt_failed", "attempt_failed")
-    agent_for("results.written", "output_written", "output_written")
-    agent_for("jobs.commands", "job_command", "cancel")
+    agent_for(topics.JOBS_SUBMITTED, "job_submitted", "submit")
+    for source, kind, name in _INPUTS:
+        agent_for(source, kind, name)
 
-    def restore() -> None:
-        followers = [TopicFollower(settings.bootstrap_servers, "profiles", "profile_row", profile_view.on_record),
-                     TopicFollower(settings.bootstrap_servers, "pools.heartbeat", "pool_heartbeat", pool_view.on_record)]
+    async def restore() -> None:
+        """Start the views, wait (without blocking the loop) until they caught up, rebuild the core."""
+        followers = [TopicFollower(settings.bootstrap_servers, topics.PROFILES, "profile_row", profile_view.on_record),
+                     TopicFollower(settings.bootstrap_servers, topics.POOLS_HEARTBEAT, "pool_heartbeat",
+                                   pool_view.on_record)]
         for follower in followers:
-            follower.start()
-        for follower in followers:  # admission and routing need the current profiles and pools
-            follower.caught_up.wait(15)
+            await asyncio.get_running_loop().run_in_executor(None, follower.start)
         handle["followers"] = followers
-        requeued = control.restore(time.time())
-        log.info("control plane restored: %d requests re-queued from the requests table", requeued)
+        waited = 0.0
+        while waited < CATCH_UP_S and not all(f.caught_up.is_set() for f in followers):
+            await asyncio.sleep(0.1)
+            waited += 0.1
+        now = time.time()
+        sends = shell.restore(now)
+        log.info("control plane restored: %d requests, %d jobs from the tables; %d final results sent again",
+                 len(core.dispatch.requests), len(core.jobs.jobs), len(sends))
+        await send_all(sends)
         handle["ready"] = True
 
-    @app.timer(interval=tick_s)
+    @app.timer(interval=config.tick_s)
     async def dispatch() -> None:
-        if not handle["ready"]:
-            if not app.tables.recovery.completed.is_set():
-                return  # tables still being rebuilt from their changelogs
-            restore()
-        await send_all(control.tick(time.time()))
+        try:
+            if not handle["ready"]:
+                if not handle["restoring"] and app.tables.recovery.completed.is_set():
+                    handle["restoring"] = True
+                    try:
+                        await restore()
+                    finally:
+                        handle["restoring"] = handle["ready"]  # a failed restore is tried again next tick
+                return
+            await send_all(shell.tick(time.time()))
+        except Exception:  # a failing tick must not stop the app: the next one runs
+            log.exception("control/dispatch tick failed")
 
     return app, handle
-
-
-def results_dir(settings: Settings) -> Path:
-    return settings.results_dir

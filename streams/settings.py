@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
-from phaseroute.config import Settings
-from phaseroute.streams.control import ControlConfig
-from phaseroute.streams.policy import FairConfig, TenantQuota
+from phaseroute.streams.core import CoreConfig
+from phaseroute.streams.model_catalog import ModelInfo
+from phaseroute.streams.policy import FairConfig, ModelSpec, TenantQuota
 
 TENANT_KEYS = {"weight", "max_in_flight", "max_queued_tokens", "max_running_jobs"}
 
@@ -40,7 +40,9 @@ def tenants_from(data: dict[str, Any]) -> tuple[FairConfig, dict[str, TenantQuot
     return FairConfig(tenant_weights=weights, tenant_max_in_flight=caps), quotas
 
 
-def control_config(settings: Settings, tenants_file: Path | None = None, **overrides: Any) -> ControlConfig:
+def core_config(models: dict[str, ModelInfo], tenants_file: Path | None = None, **overrides: Any) -> CoreConfig:
+    """The control core's configuration for this deployment: its models and its tenants."""
     data = yaml.safe_load(tenants_file.read_text()) if tenants_file else {}
     fair, quotas = tenants_from(data)
-    return ControlConfig(fair=fair, quotas=quotas, results_dir=str(settings.results_dir), **overrides)
+    specs = {name: ModelSpec(name, info.context_tokens) for name, info in models.items()}
+    return CoreConfig(models=specs, fair=fair, quotas=quotas, **overrides)

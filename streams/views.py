@@ -111,6 +111,12 @@ def _largest_known(values: Iterable[int | None]) -> int | None:
     return max(known)  # type: ignore[type-var]
 
 
+def _one_format(formats: Iterable[str | None]) -> str | None:
+    """The pool's KV format when every worker reports the same one; None otherwise."""
+    seen = set(formats)
+    return seen.pop() if len(seen) == 1 else None
+
+
 class PoolView:
     """Pool states from worker heartbeats (and the control plane's own in-flight counts)."""
 
@@ -149,6 +155,7 @@ class PoolView:
                 free_kv_bytes=sum(b["kv_free_bytes"] for b in alive),
                 worker_free_kv_bytes=max((b["kv_free_bytes"] for b in alive), default=None),
                 worker_kv_capacity_bytes=_largest_known(b.get("kv_capacity_bytes") for b in alive),
+                kv_format=_one_format(b.get("kv_format") for b in alive or beats),
                 queue_requests=sum(b["consumer_lag"] for b in alive), in_flight=in_flight.get(pool, 0),
                 recent_failures=failures.get(pool, 0), last_heartbeat=newest["at"] / 1000,
                 price_per_hour=(prices or {}).get(pool),

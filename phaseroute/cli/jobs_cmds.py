@@ -183,11 +183,10 @@ def control(tenants: Path = typer.Option(None, "--tenants", help="YAML: {tenant:
     import faust
 
     from phaseroute.streams.app import build_app
-    from phaseroute.streams.settings import control_config
 
     settings = current_settings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app, _handle = build_app(settings, control_config(settings, tenants))
+    app, _handle = build_app(settings, tenants)
     faust.Worker(app, loglevel="info", redirect_stdouts=False).execute_from_commandline()
 
 

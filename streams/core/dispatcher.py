@@ -78,6 +78,8 @@ class Dispatcher:
         self.backoff: list[tuple[float, int, str]] = []  # (retry_at, seq, request)
         self.stragglers: list[tuple[float, int, str, int, Phase]] = []  # (check at, seq, request, attempt, phase)
         self._seq = 0
+        # a speculative copy goes to another pool or nowhere (never back where the request runs)
+        self._copy_router = replace(config.router, relax_avoid_when_empty=False)
 
     # -- helpers -------------------------------------------------------------------------------
     def _next_seq(self) -> int:
@@ -227,7 +229,8 @@ class Dispatcher:
     def dispatch(self, state: RequestState, now: float, speculative: bool,
                  avoid: frozenset[str] = frozenset()) -> Dispatch | NoPlacement:
         work = state.work if not avoid else replace(state.work, avoid_pools=state.work.avoid_pools | avoid)
-        decision = route(work, self.fleet.states(), self.table, self.router_state, self.config.router, now, self.rng)
+        router = self._copy_router if speculative else self.config.router
+        decision = route(work, self.fleet.states(), self.table, self.router_state, router, now, self.rng)
         if isinstance(decision, NoPlacement):
             return decision
         self.router_state.record(decision, work, now, self.config.router)
@@ -288,5 +291,7 @@ class Dispatcher:
         return changed
 
     def watch(self, state: RequestState, attempt: Attempt, now: float) -> None:
-        """Look at the attempt again when it may have become a straggler (``recovery.stragglers``)."""
-        heapq.heappush(self.stragglers, (now, self._next_seq(), state.request_id, attempt.number, attempt.phase))
+        """Look at the attempt when it may first be a straggler (``recovery.speculate``): no
+        attempt is one before its expected start + the straggler grace."""
+        at = attempt.expected_start + self.config.retry.straggler_grace_s
+        heapq.heappush(self.stragglers, (at, self._next_seq(), state.request_id, attempt.number, attempt.phase))

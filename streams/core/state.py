@@ -48,7 +48,7 @@ class RequestStatus(IntEnum):
         return self < RequestStatus.FAILING
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Attempt:
     """One dispatch of a request; ``number`` is unique within the request (attempt ids)."""
 

@@ -169,6 +169,19 @@ def phase_options(
     return kept, rejected
 
 
+def kv_handover(prefill: PoolState, decode: PoolState) -> str | None:
+    """None when a KV cache prefilled on ``prefill`` can be decoded on ``decode``, else why not:
+    both pools must report the same KV format (a decode worker refuses any other layout)."""
+    if prefill.name == decode.name:
+        return None
+    if prefill.kv_format is None or decode.kv_format is None:
+        unknown = prefill.name if prefill.kv_format is None else decode.name
+        return f"KV format of {unknown} unknown (its workers do not report one): only colocated placement is safe"
+    if prefill.kv_format != decode.kv_format:
+        return f"KV formats differ: {prefill.kv_format} vs {decode.kv_format}"
+    return None
+
+
 def path_filter(request: RequestWork, estimate: PathEstimate, config: RouterConfig,
                 measured: PathQuality | None = None) -> str | None:
     """None when the whole path is acceptable, else why not. With a measured (or inferred)

@@ -32,7 +32,7 @@ from collections.abc import Iterable
 
 from .confidence import effective_link
 from .cost_model import combine, phase_cost
-from .filters import path_filter, phase_options
+from .filters import kv_handover, path_filter, phase_options
 from .paths import candidate_pairs
 from .quality import path_quality
 from .router_config import RouterConfig
@@ -58,6 +58,10 @@ def _candidates(
     dec_costs = [phase_cost(request, o) for o in dec]
     for p, d in candidate_pairs(pre_costs, dec_costs, config):
         src, dst = p.option.pool.name, d.option.pool.name
+        mismatch = kv_handover(p.option.pool, d.option.pool)
+        if mismatch is not None:
+            rejected.append((f"{src}->{dst}", mismatch))
+            continue
         link = None if src == dst else effective_link(profiles, src, dst, now, config.confidence)
         estimate = combine(request, p, d, link)
         measured = path_quality(profiles, request.model, src, dst, now)

@@ -229,6 +229,9 @@ class PoolState:
     worker_kv_capacity_bytes: float | None = None
     """The most KV memory any one alive worker has when empty: a request needing more can never
     run on this pool; None when the pool view does not know."""
+    kv_format: str | None = None
+    """The KV cache layout its workers write and read (model, dtype, shape, blob version): a KV
+    cache moves between two pools only when both say the same; None: unknown (never paired)."""
 
     def __post_init__(self) -> None:
         # The router sees a fresh PoolState per pool per decision: check the common (valid) case

@@ -64,6 +64,7 @@ def pool(
     price: float | None = None,
     worker_free_kv: float | None = None,
     worker_kv_capacity: float | None = None,
+    kv_format: str | None = "m|float32|30x3x64|v1",
 ) -> PoolState:
     return PoolState(
         name,
@@ -82,6 +83,7 @@ def pool(
         price,
         worker_free_kv,
         worker_kv_capacity,
+        kv_format,
     )
 
 

@@ -124,6 +124,22 @@ def test_a_cheaper_decode_pool_wins_when_money_counts(mk, cost_weight, decode_po
     assert place(mk, pools, rows, config=config).decode_pool == decode_pool
 
 
+@pytest.mark.parametrize(("formats", "decode_pool"), [
+    (("m|float32|30x3x64|v1", "m|float32|30x3x64|v1"), "cheap"),  # same KV layout: the cheap decode pool wins
+    (("m|float32|30x3x64|v1", "m|bfloat16|30x3x64|v1"), "gpu"),  # another dtype: never paired
+    (("m|float32|30x3x64|v1", None), "gpu"),  # a pool that does not say: never paired
+])
+def test_pools_with_different_kv_formats_are_never_paired(mk, formats, decode_pool):
+    pools = [mk.pool("gpu", price=40.0, kv_format=formats[0]),
+             mk.pool("cheap", phases=DECODE_ONLY, price=2.0, kv_format=formats[1])]
+    rows = [mk.row("gpu", Phase.PREFILL, 20_000.0), mk.row("gpu", Phase.DECODE, 1000.0),
+            mk.row("cheap", Phase.DECODE, 1000.0)]
+    decision = place(mk, pools, rows, config=RouterConfig(exploration_share=0.0, weights=ScorerWeights(cost=1.0)))
+    assert decision.decode_pool == decode_pool
+    if decode_pool == "gpu":
+        assert any(where == "gpu->cheap" and "KV format" in why for where, why in decision.rejected)
+
+
 def test_quality_tiers(mk):
     pools = [mk.pool("ref"), mk.pool("int8", variant="int8")]
     rows = [*mk.both("ref", 500.0), *mk.both("int8", 1500.0, variant="int8", quality=0.9)]

@@ -1,0 +1,151 @@
+"""The control plane's shell around the control core, without Faust: records in, sends out.
+
+Life of a job through the shell (the Faust app in ``app.py`` only moves records between Kafka
+and these methods, and persists the mappings it is given):
+- ``intake`` (run outside the event loop: it reads and tokenizes) renders and counts a submitted
+  job's prompts; ``submitted`` hands the counts to the core and sends each admitted request to
+  ``requests.pending`` with its text, and the job's events to ``jobs.events`` / ``jobs.state``.
+- ``on_record`` turns every other record into its core event (``edge.py``); a request read back
+  from ``requests.pending`` leaves its text and sampling in ``prompts`` — the only place the text
+  is kept — and ``Dispatch`` decisions read it from there to build ``prefill.<pool>`` work.
+- ``tick`` reports the pools and the profile table to the core when they changed, then runs the
+  core's clock.
+Every decision becomes sends here: ``FailRequest`` a FAILED result on ``results``; ``Forget``
+drops the finished job's texts; ``Problem`` (one event or request the core could not handle) is
+logged and dead-lettered with the reason, and nothing else stops.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+from phaseroute.infra import topics
+from phaseroute.schemas.deadletter import to_dead_letter
+from phaseroute.schemas.enums import DeadLetterStage, Phase
+from phaseroute.streams import edge
+from phaseroute.streams.core import (
+    AttemptFailed, ControlCore, Decision, Dispatch, FailRequest, FleetObserved, Forget, JobChanged, Problem,
+    ProfilesUpdated, PromptSize, QueueRequest,
+)
+from phaseroute.streams.core.events import Event
+from phaseroute.streams.edge import Send
+from phaseroute.streams.intake import IntakeError, PromptItem, prompts_of
+from phaseroute.streams.model_catalog import ModelInfo
+from phaseroute.streams.policy import FailureKind
+from phaseroute.streams.views import PoolView, ProfileView
+
+log = logging.getLogger(__name__)
+SERVICE = "control"
+
+_EVENTS: dict[str, Callable[[dict[str, Any]], Event | None]] = {
+    "kv_ready": edge.kv_ready, "result": edge.result, "attempt_failed": edge.attempt_failed,
+    "output_written": edge.output_written, "job_command": edge.cancel,
+}
+
+
+Origin = tuple[str, int | None, int | None, dict[str, Any]]  # topic, partition, offset, record of an event
+
+
+class ControlShell:
+    def __init__(self, core: ControlCore, prompts: MutableMapping[str, Any], models: dict[str, ModelInfo],
+                 output_file: Callable[[str], str | None], pools: PoolView, profiles: ProfileView) -> None:
+        self.core = core
+        self.prompts = prompts  # request id -> {"prompt": text, "sampling": {...}}
+        self.models = models
+        self.output_file = output_file
+        self.pools, self.profiles = pools, profiles  # what heartbeats and the profiles topic say
+        self._profiles_version: object = None
+
+    # -- jobs in -------------------------------------------------------------------------------
+    def intake(self, record: dict[str, Any]) -> tuple[list[PromptItem], str | None]:
+        """Render and count the job's prompts (blocking: run it off the event loop)."""
+        model = self.models.get(record["model"])
+        if model is None:
+            return [], f"unknown model {record['model']!r}; this deployment serves {sorted(self.models)}"
+        try:
+            return prompts_of(record, model), None
+        except IntakeError as exc:
+            return [], str(exc)
+
+    def submitted(self, record: dict[str, Any], items: list[PromptItem], error: str | None, now: float,
+                  origin: Origin | None = None) -> list[Send]:
+        sizes = [PromptSize(p.custom_id, p.tokens, p.max_tokens) for p in items]
+        event = edge.job_submitted(record, sizes, error)
+        out = self._observe(now)  # admission judges against the fleet as it is now
+        decisions = self.core.handle(event, now)
+        for d in decisions:
+            if isinstance(d, QueueRequest):
+                text = items[d.prompt_index].text
+                out.append(Send(topics.REQUESTS_PENDING, d.request.tenant, "request",
+                                edge.pending_request(d.request, text, record["sampling"], int(record["submitted_at"]))))
+        return out + self.sends_of([d for d in decisions if not isinstance(d, QueueRequest)], now, origin)
+
+    # -- everything else -----------------------------------------------------------------------
+    def on_record(self, kind: str, record: dict[str, Any], now: float, origin: Origin | None = None) -> list[Send]:
+        if kind == "request":
+            rid = record["request_id"]
+            if rid not in self.prompts:
+                self.prompts[rid] = {"prompt": record["prompt"], "sampling": record["sampling"]}
+            return self.sends_of(self.core.handle(edge.request_queued(record), now), now, origin)
+        event = _EVENTS[kind](record)
+        if event is None:
+            return []
+        return self.sends_of(self.core.handle(event, now), now, origin)
+
+    def tick(self, now: float) -> list[Send]:
+        """Report the pools and the profiles, then run the core's clock."""
+        return self._observe(now) + self.sends_of(self.core.tick(now), now)
+
+    def _observe(self, now: float) -> list[Send]:
+        """The pools as heartbeats say now, and the profile table when it changed, to the core."""
+        fleet = tuple(self.pools.states(now, {}, {}).values())
+        out = self.sends_of(self.core.handle(FleetObserved(fleet), now), now)
+        version = self.profiles.version
+        if version != self._profiles_version:
+            self._profiles_version = version
+            out += self.sends_of(self.core.handle(ProfilesUpdated(self.profiles.table()), now), now)
+        return out
+
+    def restore(self, now: float) -> list[Send]:
+        return self.sends_of(self.core.restore(now), now)
+
+    # -- decisions out -------------------------------------------------------------------------
+    def sends_of(self, decisions: list[Decision], now: float, origin: Origin | None = None) -> list[Send]:
+        out: list[Send] = []
+        for d in decisions:
+            if isinstance(d, Dispatch):
+                out += self._dispatch(d, now)
+            elif isinstance(d, FailRequest):
+                out.append(Send(topics.RESULTS, d.work.job_id, "result", edge.failed_result(d, now)))
+            elif isinstance(d, JobChanged):
+                output = self.output_file(d.job["job_id"]) if d.job["requests_total"] else None
+                out += edge.job_event_sends(d, now, output)
+            elif isinstance(d, Forget):
+                for rid in d.request_ids:
+                    self.prompts.pop(rid, None)
+            elif isinstance(d, Problem):
+                out.append(self._problem(d, now, origin))
+            elif isinstance(d, QueueRequest):
+                raise AssertionError("QueueRequest comes only from submitted()")
+        return out
+
+    def _dispatch(self, d: Dispatch, now: float) -> list[Send]:
+        stored = self.prompts.get(d.work.request_id)
+        if stored is None:  # its text is gone (a bug, or a store lost): the attempt cannot run anywhere
+            failed = AttemptFailed(d.work.request_id, d.attempt, d.prefill_pool, Phase.PREFILL, FailureKind.INVALID,
+                                   "the control plane no longer has this request's prompt text")
+            return self.sends_of(self.core.handle(failed, now), now)
+        record = edge.prefill_work(d, stored["prompt"], stored["sampling"], now)
+        return [Send(topics.prefill_topic(d.prefill_pool), d.work.request_id, "prefill_work", record)]
+
+    def _problem(self, p: Problem, now: float, origin: Origin | None) -> Send:
+        """Log the problem and dead-letter its event (the record as JSON) with the reason."""
+        log.error("control core could not handle %s: %s", p.where, p.reason)
+        topic, partition, offset, record = origin if origin is not None else (f"control/{p.where}", None, None, {})
+        raw = json.dumps(record, default=str).encode() if origin is not None else None
+        letter = to_dead_letter(raw, None, topic, partition, offset, RuntimeError(f"{p.where}: {p.reason}"),
+                                DeadLetterStage.PROCESS, SERVICE, edge.ms(now))
+        return Send(topics.DEADLETTER, topic, "dead_letter", letter)
