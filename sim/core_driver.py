@@ -136,6 +136,7 @@ class CoreDriver:
                 queue_tokens=p.q_pre_tokens + p.q_dec_tokens, last_heartbeat=now, price_per_hour=spec.cost_per_hour,
                 worker_free_kv_bytes=max(free, default=0.0) if self.opt.per_worker_kv else None,
                 worker_kv_capacity_bytes=cap if self.opt.per_worker_kv else None,
+                kv_format=f"{spec.model}|{spec.perf.kv_per_token:.0f}B/token",  # one layout per model here
             ))
         self.core.handle(FleetObserved(tuple(states)), now)
 
