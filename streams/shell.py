@@ -110,7 +110,8 @@ class ControlShell:
         return out
 
     def restore(self, now: float) -> list[Send]:
-        return self.sends_of(self.core.restore(now), now)
+        """Rebuild the core from its tables, after telling it the fleet and the profiles."""
+        return self._observe(now) + self.sends_of(self.core.restore(now), now)
 
     # -- decisions out -------------------------------------------------------------------------
     def sends_of(self, decisions: list[Decision], now: float, origin: Origin | None = None) -> list[Send]:

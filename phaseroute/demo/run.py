@@ -1,5 +1,8 @@
 """``phaseroute demo``: the whole product on this machine, end to end, with real parts.
 
+0. A state of its own (``isolation``): leftovers of an earlier run are stopped and wiped; the
+   broker, ClickHouse data, results and Faust changelogs live under ``<home>/demo`` on ports of
+   the demo's own, so no earlier run and no other stack can change its outcome.
 1. Kafka (unless --bootstrap-servers names a cluster) and the topic spec.
 2. Cold-start profiles: each pool's variant is microbenchmarked (`phaseroute profile --quick`)
    into ClickHouse — the router's first measured rows.
@@ -7,8 +10,9 @@
    (Faust) and three real pools that differ: an fp32 prefill pool, an int8 decode pool and an
    fp32 colocated pool (SmolLM2-135M on CPU).
 4. Jobs from three tenants (one floods), an infeasible job and a resubmitted job id.
-5. Live progress, then a summary measured from Kafka and ClickHouse; everything it started is
-   stopped at the end, also on Ctrl-C or failure.
+5. Live progress, then a summary measured from Kafka and ClickHouse, and the checks of
+   ``checks`` (every job as expected, exactly one output line per request): a failed check is a
+   failed demo. Everything it started is stopped at the end, also on Ctrl-C or failure.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from rich.table import Table
 
 from phaseroute.cli.jobs_cmds import job_record, latest_job_states, parse_deadline, publish
 from phaseroute.config import Settings
+from phaseroute.demo import checks, isolation
 from phaseroute.demo import summary as summarize
 from phaseroute.demo.workload import TENANTS, DemoJob, demo_jobs, write_input
 from phaseroute.infra import kafka_launcher, processes, provision, stack, topics
@@ -147,9 +152,13 @@ def run_demo(settings: Settings, as_json: bool, scale: float, timeout_s: float, 
     pools = list(stack.DEMO_POOLS)
     started: list[str] = []
     own_kafka = False
-    busy = [n for n in processes.names(settings.run_dir) if n != "kafka" and processes.alive_pid(settings.run_dir, n)]
-    if busy:
-        raise DemoError(f"a phaseroute stack is already running ({', '.join(busy)}); stop it with `phaseroute down`")
+    settings, stopped = isolation.isolate(settings)
+    if stopped:
+        console.print(f"stopped what an earlier demo run left running: {', '.join(stopped)}")
+    if settings.external_kafka:
+        console.print(f"using the cluster at {settings.bootstrap_servers} as it is: an external broker cannot be "
+                      "isolated, so leftovers of earlier runs there can change this run")
+    console.print(f"demo state: {settings.home} (fresh)")
     try:
         if not settings.external_kafka:
             own_kafka = processes.alive_pid(settings.run_dir, "kafka") is None
@@ -165,7 +174,8 @@ def run_demo(settings: Settings, as_json: bool, scale: float, timeout_s: float, 
         wait_until_ready(settings, pools, started, timeout_s=240)
         run = f"demo-{uuid.uuid4().hex[:6]}"
         since = time.time()
-        job_ids = submit_jobs(settings, demo_jobs(run, scale), settings.run_dir / "demo-inputs")
+        jobs = demo_jobs(run, scale)
+        job_ids = submit_jobs(settings, jobs, settings.run_dir / "demo-inputs")
         states = follow_jobs(settings, job_ids, started, console, timeout_s)
         until = time.time()
         time.sleep(2.0)  # the telemetry service flushes every second
@@ -173,6 +183,7 @@ def run_demo(settings: Settings, as_json: bool, scale: float, timeout_s: float, 
                                 [p.name for p in pools], {t: v["weight"] for t, v in TENANTS.items()}, since, until,
                                 prefill_pools=[p.name for p in pools if p.phase in ("prefill", "both")])
         doc["pools_spec"] = [p.__dict__ for p in pools]
+        doc["checks"] = checks.check(jobs, states, settings.results_dir)
     finally:
         for name in reversed(started):
             processes.stop(settings.run_dir, name)
@@ -182,4 +193,6 @@ def run_demo(settings: Settings, as_json: bool, scale: float, timeout_s: float, 
         print(json.dumps(doc, indent=2))
     else:
         print_summary(doc, console)
+    if not doc["checks"]["ok"]:
+        raise DemoError(f"the main job is not as it must be: {checks.failures(doc['checks'])}")
     return doc

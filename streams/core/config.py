@@ -44,6 +44,9 @@ class CoreConfig:
     expire_after_deadline_s: float | None = 3600.0
     """A job unfinished this long after its deadline expires (its open requests fail with
     ``batch_expired``); None: jobs never expire."""
+    resend_after_restart_s: float = 10.0
+    """A restarted core sends again the attempts it dispatched this recently (the send may not
+    have left before the stop; a second copy of the same attempt is deduplicated downstream)."""
     greedy_only: bool = True
     """The backend decodes greedily only: a job with temperature > 0 is rejected."""
 
@@ -56,6 +59,7 @@ class CoreConfig:
         _checks.positive(owner, "unplaced_backoff_s", self.unplaced_backoff_s)
         _checks.at_least(owner, "unplaced_backoff_max_s", self.unplaced_backoff_max_s, self.unplaced_backoff_s)
         _checks.positive(owner, "straggler_recheck_s", self.straggler_recheck_s)
+        _checks.non_negative(owner, "resend_after_restart_s", self.resend_after_restart_s)
         _checks.at_least(owner, "progress_every", self.progress_every, 1)
         if self.expire_after_deadline_s is not None:
             _checks.non_negative(owner, "expire_after_deadline_s", self.expire_after_deadline_s)

@@ -28,14 +28,14 @@ from phaseroute.streams.policy import Phase, fleet_tokens_per_s
 
 from . import recovery
 from .config import CoreConfig
-from .decisions import Decision, FailRequest, Forget, Problem
+from .decisions import Decision, Dispatch, FailRequest, Forget, Problem
 from .dispatcher import Dispatcher, Reports
 from .events import (
     AttemptFailed, CancelRequested, Event, FleetObserved, JobSubmitted, KvReady, OutputWritten, ProfilesUpdated,
     RequestQueued, ResultReceived, TenantsUpdated,
 )
 from .jobs import JobBook, changed, output_whole
-from .state import JobRecord, RequestState, RequestStatus
+from .state import Attempt, JobRecord, RequestState, RequestStatus
 from .store import CoreStore, NullStore
 
 
@@ -87,6 +87,8 @@ class ControlCore:
 
     def _queued(self, ev: RequestQueued, now: float) -> list[Decision]:
         job = self.jobs.jobs.get(ev.job_id)
+        if job is not None and job.state.is_finished and output_whole(job):
+            return []  # a replay: every request of the job ended (and was forgotten)
         job_open = job is None or not job.state.is_finished
         return self._closing(self.dispatch.queue(ev, now, job_open))
 
@@ -206,8 +208,10 @@ class ControlCore:
         jobs.dirty.clear()
 
     def restore(self, now: float) -> list[Decision]:
-        """Rebuild the state from the store (a restart); the decisions to send again: the final
-        failed results of requests that were failing (a result read twice counts once)."""
+        """Rebuild the state from the store (a restart; tell the core the fleet first: it sends
+        again only to pools it knows alive); the decisions to send again: the final
+        failed results of requests that were failing (a result read twice counts once) and the
+        attempts dispatched in the last ``resend_after_restart_s`` (their sends may be lost)."""
         d, store = self.dispatch, self.store
         saved = {t: (float(v["counter"]), float(v["served_cost"])) for t, v in store.tenants.items()}
         d.fair.restore(saved)
@@ -234,15 +238,29 @@ class ControlCore:
         elif status is RequestStatus.RUNNING:
             d.fair.resume(state.work)  # it holds its tenant's slot again
             attempts, state.attempts = state.attempts, []
+            resend: list[Decision] = []
             for attempt in attempts:
                 state.attempts.append(attempt)
                 d.fleet.add_in_flight(attempt.pool, 1, state.work.total_tokens)
                 d.on_pool.setdefault(attempt.pool, set()).add((state.request_id, attempt.number))
                 d.watch(state, attempt, now)
+                recent = now - attempt.started_at <= self.config.resend_after_restart_s
+                if attempt.phase is Phase.PREFILL and recent and self._reachable(attempt, now):
+                    # dispatched just before the stop: its send may be lost (a table write and a send
+                    # are not one transaction); the same attempt again is harmless (same ids)
+                    resend.append(Dispatch(state.work, state.custom_id, state.priority, attempt.number,
+                                           attempt.prefill_pool, attempt.decode_pool, attempt.colocated,
+                                           attempt.speculative, False))
+            return resend
         elif status is RequestStatus.FAILING:
             return [FailRequest(state.work, state.custom_id, state.next_attempt, state.final_reason or "failed",
                                 state.final_code or "request_failed")]
         return []
+
+    def _reachable(self, attempt: Attempt, now: float) -> bool:
+        """Both pools of the attempt are known and alive (a dead one's work is placed again anyway)."""
+        fleet, dead = self.dispatch.fleet, self.dispatch.fleet.dead(now)
+        return all(fleet.known(p) and p not in dead for p in (attempt.prefill_pool, attempt.decode_pool))
 
     def job_state(self, job_id: str) -> JobState | None:
         job = self.jobs.jobs.get(job_id)

@@ -46,7 +46,7 @@ def redispatch_dead_pools(d: Dispatcher, now: float) -> None:
                                  frozenset({a.kv_at}) if a.kv_at else frozenset())
                  for rid, s in sorted(touched.items()) for a in s.attempts]
     redo = {r.request_id: r for r in redispatch_lost(in_flight, dead)}
-    for rid, state in touched.items():
+    for rid, state in sorted(touched.items()):  # a set's order would make the re-queue order vary
         for attempt in [a for a in state.attempts if a.pool in dead]:
             d.detach(state, attempt)
         if rid in redo and state.status is RequestStatus.RUNNING:
