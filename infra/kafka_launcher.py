@@ -21,6 +21,7 @@ import sys
 import time
 import uuid
 from base64 import urlsafe_b64encode
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -155,13 +156,25 @@ def server_properties(settings: Settings, layout: KafkaLayout) -> str:
     ])
 
 
+def new_cluster_id(draw: Callable[[], uuid.UUID] = uuid.uuid4) -> str:
+    """A KRaft cluster id: 16 random bytes in URL-safe base64 without padding (22 characters),
+    drawn again while it starts with ``-`` (as Kafka's own ``Uuid.randomUuid()`` does): the
+    storage tool's argument parser would read ``-t -xyz...`` as a missing value. About 1 draw in
+    64 starts with ``-`` (a first byte 0xF8-0xFB). The all-zero id is reserved by Kafka too."""
+    while True:
+        raw = draw().bytes
+        text = urlsafe_b64encode(raw).decode().rstrip("=")
+        if not text.startswith("-") and raw != bytes(16):
+            return text
+
+
 def format_storage(settings: Settings, java: str, libs: Path) -> None:
     """Write server.properties and format the KRaft storage the first time only."""
     layout = layout_for(settings)
     layout.config.write_text(server_properties(settings, layout))
     if (layout.data / "meta.properties").exists():
         return
-    cluster_id = urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cluster_id = new_cluster_id()
     cmd = [java, "-cp", f"{libs}/*", STORAGE_TOOL, "format", "-t", cluster_id, "-c", str(layout.config)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
