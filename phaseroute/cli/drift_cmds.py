@@ -23,7 +23,7 @@ from typing import Any
 
 import typer
 
-from phaseroute.cli.common import console, current_settings, errors_as_messages
+from phaseroute.cli.common import console, current_settings, errors_as_messages, json_stdout, long_running
 
 drift_app = typer.Typer(no_args_is_help=True, add_completion=False,
                         help="Quality drift: canaries through every path, measured against a reference.")
@@ -31,6 +31,7 @@ VARIANTS = ("fp32", "bf16", "int8-weight", "int8-dynamic")
 
 
 @drift_app.command("monitor")
+@long_running(lambda _kw: "drift")
 def monitor(
     interval_s: float = typer.Option(60.0, "--interval-s", help="Seconds between two canary rounds on one path."),
     round_timeout_s: float = typer.Option(180.0, "--round-timeout-s", help="A round closes with what came back after this long."),

@@ -6,9 +6,10 @@ import logging
 
 import typer
 
-from phaseroute.cli.common import console, current_settings, errors_as_messages
+from phaseroute.cli.common import console, current_settings, errors_as_messages, long_running
 
 
+@long_running(lambda kw: f"worker-{kw['pool']}-{kw['phase']}")
 def worker(
     pool: str = typer.Option(..., "--pool", help="Pool this worker serves (its topics are prefill.POOL / decode.POOL)."),
     phase: str = typer.Option(..., "--phase", help="prefill, decode, or both (colocated)."),
@@ -43,6 +44,7 @@ def worker(
     run(loop, heartbeat)
 
 
+@long_running(lambda kw: f"sink-{kw['kind']}")
 def sink(kind: str = typer.Argument(..., help="results or telemetry")) -> None:
     """Run the result sink (per-job output files) or the telemetry sink (ClickHouse) until SIGTERM."""
     from phaseroute.consumers.worker import build_result_sink, build_telemetry_sink, run
