@@ -73,8 +73,9 @@ def read_since(consumer: Consumer, topic: str, since_s: float, kind: str, timeou
     records, deadline = [], time.monotonic() + timeout_s
     while pending and time.monotonic() < deadline:
         for msg in consumer.consume(500, 0.5):
-            if msg.error() is not None:
-                if msg.error().code() == KafkaError._PARTITION_EOF:
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
                     pending.discard(msg.partition())
                 continue
             try:
