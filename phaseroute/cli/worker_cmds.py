@@ -1,4 +1,5 @@
-"""``phaseroute worker`` and ``phaseroute sink``: the data-plane processes."""
+"""``phaseroute worker`` and ``phaseroute sink``: the data-plane processes (each runs until SIGTERM
+and records itself in the run dir, so ``phaseroute down`` stops it also when started by hand)."""
 
 from __future__ import annotations
 
@@ -59,32 +60,3 @@ def sink(kind: str = typer.Argument(..., help="results or telemetry")) -> None:
     with errors_as_messages(ClickHouseLockedError):
         loop = builders[kind](settings)
     run(loop, None)
-
-
-def query(
-    sql: str = typer.Argument(..., help="A read-only statement (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-) -> None:
-    """Query the telemetry in ClickHouse (the telemetry service's chdb, or the server)."""
-    import json
-
-    from rich.table import Table
-
-    from phaseroute.consumers.query_server import QueryError, remote_query, run_query
-    from phaseroute.infra.clickhouse import connect
-
-    settings = current_settings()
-    with errors_as_messages(QueryError):
-        if settings.clickhouse_url:
-            answer = run_query(connect(settings), sql)
-        else:
-            answer = remote_query(settings.telemetry_port, sql)
-    if as_json:
-        print(json.dumps(answer, default=str))
-        return
-    table = Table(*answer["columns"])
-    for row in answer["rows"]:
-        table.add_row(*(str(v) for v in row))
-    from rich.console import Console
-
-    Console().print(table)
