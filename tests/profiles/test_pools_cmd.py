@@ -3,6 +3,7 @@ consumer group committed here, throughput from telemetry produced here (test top
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -51,17 +52,20 @@ def fleet(bootstrap: str, make_topic: Callable[..., str]) -> Iterator[dict[str, 
     hb_topic, tel_topic = make_topic("heartbeat"), make_topic("telemetry")
     now = time.time()
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "partitioner": "murmur2_random"})
+    refused: list[str] = []
+    produce = functools.partial(  # every record's delivery is checked
+        producer.produce, on_delivery=lambda err, msg: refused.append(f"{msg.topic()}: {err}") if err else None)
     for partition, count in ((0, 5), (1, 3)):
         for i in range(count):
-            producer.produce(work, value=b"queued", key=f"r{i}", partition=partition)
+            produce(work, value=b"queued", key=f"r{i}", partition=partition)
     beats = [_heartbeat(p, "p-w1", "PREFILL", 1, now), _heartbeat(p, "p-w2", "PREFILL", 24, now),
              _heartbeat(p, "p-w2", "PREFILL", 20, now), _heartbeat(q, "q-w3", "DECODE", 30, now, interval_s=5.0),
              _heartbeat(q, "q-w4", "DECODE", 2, now, status="DOWN")]
     for hb in beats:
-        producer.produce(hb_topic, key=hb["worker_id"], value=serde.encode("pool_heartbeat", hb))
+        produce(hb_topic, key=hb["worker_id"], value=serde.encode("pool_heartbeat", hb))
     for n, (age, status) in enumerate(((10, "OK"), (30, "OK"), (5, "ERROR"), (100, "OK"))):
-        producer.produce(tel_topic, key=p, value=serde.encode("phase_telemetry", _telemetry(p, "p-w1", n, age, now, status)))
-    assert producer.flush(30) == 0
+        produce(tel_topic, key=p, value=serde.encode("phase_telemetry", _telemetry(p, "p-w1", n, age, now, status)))
+    assert producer.flush(30) == 0 and refused == []
     group = f"phaseroute.prefill.{p}"
     committer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
     committer.commit(offsets=[TopicPartition(work, 0, 2)], asynchronous=False)
