@@ -63,6 +63,23 @@ def is_tty() -> bool:
     return sys.stderr.isatty()
 
 
+def print_table(table: Any, terminal: bool | None = None) -> None:
+    """A rich table on stdout, never cut (cells that are plain ``str`` are read as rich markup:
+    pass ``rich.text.Text`` for data): on a terminal (``terminal`` None: whether stdout is one)
+    cells fold inside columns at least as wide as their headers; into a pipe or a file the table
+    is as wide as its content (a console's default 80 columns cut values to 'pha…')."""
+    from rich.console import Console
+
+    for column in table.columns:
+        column.overflow = "fold"
+        column.min_width = max(column.min_width or 0, len(str(column.header)))
+    if sys.stdout.isatty() if terminal is None else terminal:
+        Console().print(table)
+        return
+    width = Console(file=sys.stdout, width=100_000, color_system=None).measure(table).maximum
+    Console(file=sys.stdout, width=max(width, 20), color_system=None).print(table, highlight=False)
+
+
 def progress_printer() -> Callable[[str], None]:
     """A function printing ``[  12.3 s] message`` lines on stderr, timed from its creation."""
     started = time.monotonic()
@@ -107,19 +124,19 @@ def _flush_all() -> None:
 
 
 @contextmanager
-def json_stdout(enabled: bool = True) -> Iterator[Callable[[Any], None]]:
+def json_stdout(enabled: bool = True, indent: int | None = None) -> Iterator[Callable[[Any], None]]:
     """Keep stdout for exactly one JSON document: while the block runs, whatever else writes to
     file descriptor 1 (a C library's solver log, a stray print) goes to stderr; ``emit(doc)``
     writes the document to the real stdout. ``enabled=False`` changes nothing (emit prints)."""
     if not enabled:
-        yield lambda doc: print(json.dumps(doc, default=str))
+        yield lambda doc: print(json.dumps(doc, default=str, indent=indent))
         return
     sys.stdout.flush()
     saved = os.dup(1)
     os.dup2(2, 1)
     docs: list[str] = []
     try:
-        yield lambda doc: docs.append(json.dumps(doc, default=str))
+        yield lambda doc: docs.append(json.dumps(doc, default=str, indent=indent))
     finally:
         _flush_all()  # C stdio buffers too, so their chatter lands on stderr and not after the JSON
         os.dup2(saved, 1)

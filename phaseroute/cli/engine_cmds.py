@@ -12,14 +12,13 @@ Heavy imports (torch, transformers) happen inside the commands, so ``phaseroute 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from phaseroute.cli.common import console, current_settings, errors_as_messages
+from phaseroute.cli.common import console, current_settings, errors_as_messages, json_stdout
 
 bench_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Benchmarks of phaseroute components.")
 
@@ -128,12 +127,12 @@ def bench_engine(
     from phaseroute.engine.bench import BenchConfig, run_bench
     from phaseroute.engine.errors import EngineError
 
-    with errors_as_messages(EngineError, ValueError):
+    with errors_as_messages(EngineError, ValueError), json_stdout(as_json) as emit:
         config = BenchConfig(model=model, variant=variant, threads=threads, n_prompts=prompts, store_url=store)
         started = time.perf_counter()
         report = run_bench(config, progress=lambda msg: console.print(f"[{time.perf_counter() - started:6.1f} s] {msg}", highlight=False))
-    if as_json:
-        sys.stdout.write(json.dumps(report) + "\n")
-        return
+        if as_json:
+            emit(report)
+            return
     for key, value in report.items():
         console.print(f"{key:>42}: {value}", highlight=False)

@@ -30,7 +30,7 @@ import typer
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from phaseroute.cli.common import console, current_settings, errors_as_messages, json_stdout
+from phaseroute.cli.common import console, current_settings, errors_as_messages, json_stdout, print_table
 from phaseroute.infra.topics import POOL_NAME
 from phaseroute.schemas import serde
 
@@ -225,7 +225,7 @@ def pools(
 
     cfg = current_settings()
     now = time.time()
-    with errors_as_messages(KafkaException), json_stdout(as_json) as emit:
+    with errors_as_messages(KafkaException), json_stdout(as_json, indent=2) as emit:
         reports = collect(Sources(cfg.bootstrap_servers, heartbeat_topic, telemetry_topic), now, window_s, only or None,
                           history=show_all, recorded=stack.recorded_pools(cfg.run_dir), running=processes.running(cfg.run_dir))
         if as_json:
@@ -243,4 +243,4 @@ def pools(
         table.add_row(r["pool"], r["phase"] or "-", f"[{colour[r['state']]}]{r['state']}[/]",
                       f"{r['workers_alive']}/{len(r['workers'])}", lag,
                       f"{r['tokens_per_s']:.1f}", str(r["batches"]), str(r["errors"]))
-    console.print(table)
+    print_table(table)

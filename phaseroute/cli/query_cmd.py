@@ -17,6 +17,7 @@ from typing import Any
 import typer
 
 from phaseroute.cli.common import current_settings, errors_as_messages, fail, json_stdout
+from phaseroute.cli.common import print_table as show_table
 
 
 class Format(enum.Enum):
@@ -73,21 +74,17 @@ def print_table(answer: dict[str, Any], terminal: bool) -> None:
     from rich.table import Table
 
     columns = [str(name) for name in answer["columns"]]
-    table = Table(show_lines=False)
-    for name in columns:
-        table.add_column(name, overflow="fold", min_width=len(name))
-    for row in answer["rows"]:
-        table.add_row(*(_text(v) for v in row))
-    if terminal:
-        console = Console()
-        if sum(len(c) + 3 for c in columns) + 1 > console.width:
-            _print_records(console, columns, answer["rows"])
-        else:
-            console.print(table, markup=False)
+    if terminal and sum(len(c) + 3 for c in columns) + 1 > Console().width:
+        _print_records(Console(), columns, answer["rows"])
         return
-    wide = Console(file=sys.stdout, width=100_000, color_system=None)
-    width = wide.measure(table).maximum
-    Console(file=sys.stdout, width=max(width, 20), color_system=None).print(table, markup=False, highlight=False)
+    from rich.text import Text
+
+    table = Table()
+    for name in columns:
+        table.add_column(Text(name))
+    for row in answer["rows"]:
+        table.add_row(*(Text(_text(v)) for v in row))  # data, not markup
+    show_table(table, terminal)
 
 
 def _text(value: Any) -> str:

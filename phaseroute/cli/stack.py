@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from phaseroute.cli.common import console, current_settings, errors_as_messages, json_stdout, progress_printer
+from phaseroute.cli.common import current_settings, errors_as_messages, json_stdout, print_table, progress_printer
 from phaseroute.config import Settings
 from phaseroute.infra import cold_start, kafka_launcher, processes, provision, stack, topics
 from phaseroute.infra.pool_spec import POOL_SPEC_EXAMPLE, POOL_SPEC_FORM
@@ -155,12 +155,12 @@ def list_topics(
             "value": spec.value_kind, "key": spec.key, "status": "ok" if not problems else "; ".join(problems),
         })
     if as_json:
-        with json_stdout() as emit:
+        with json_stdout(indent=2) as emit:
             emit(rows)
     else:
         table = Table("topic", "partitions", "replication", "cleanup.policy", "retention.ms", "value (Avro)", "key", "status")
         for r in rows:
             table.add_row(*(str(r[k]) for k in ("topic", "partitions", "replication", "cleanup.policy", "retention.ms", "value", "key", "status")))
-        console.print(table)
+        print_table(table)
     if any(r["status"] != "ok" for r in rows):
         raise typer.Exit(1)

@@ -46,7 +46,10 @@ def worker(
 
 
 @long_running(lambda kw: f"sink-{kw['kind']}")
-def sink(kind: str = typer.Argument(..., help="results or telemetry")) -> None:
+def sink(
+    kind: str = typer.Argument(..., help="results or telemetry"),
+    group_suffix: str = typer.Option("", "--group-suffix", hidden=True, help="Tests: a consumer group of their own."),
+) -> None:
     """Run the result sink (per-job output files) or the telemetry sink (ClickHouse) until SIGTERM."""
     from phaseroute.consumers.worker import build_result_sink, build_telemetry_sink, run
     from phaseroute.infra.clickhouse import ClickHouseLockedError
@@ -58,5 +61,5 @@ def sink(kind: str = typer.Argument(..., help="results or telemetry")) -> None:
         console.print(f"[red]error:[/] sink {kind!r} must be one of {sorted(builders)}")
         raise typer.Exit(2)
     with errors_as_messages(ClickHouseLockedError):
-        loop = builders[kind](settings)
+        loop = builders[kind](settings, group_suffix)
     run(loop, None)

@@ -59,3 +59,9 @@ def test_when_even_the_headers_do_not_fit_rows_become_blocks(capsys: pytest.Capt
     assert "-[ row 1 ]" in out and "-[ row 2 ]" in out
     assert "memory_bytes_per_token | 85481.73913043478" in out
     assert "tokens_per_s           | NULL" in out
+
+
+def test_values_and_headers_are_text_not_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    query_cmd.print_table({"columns": ["tags [x]"], "rows": [["[bold]v[/]"]]}, terminal=False)
+    out = capsys.readouterr().out
+    assert "tags [x]" in out and "[bold]v[/]" in out
