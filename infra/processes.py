@@ -199,13 +199,13 @@ def stop_many(run_dir: Path, which: Sequence[str], grace_s: float = DEFAULT_GRAC
             if on_stopped:
                 on_stopped(results[name])
 
-    _gone, alive = psutil.wait_procs(every, timeout=grace_s, callback=ended)
+    alive = _wait_all(every, grace_s, ended)
     for proc in alive:
         try:
             proc.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(alive, timeout=5)
+    _wait_all(alive, 5.0, lambda _p: None)
     for name, procs in members.items():
         if name not in results or any(p in alive for p in procs):
             results[name] = Stopped(name, procs[0].pid if procs else None, Ended.KILLED, time.monotonic() - started)
@@ -224,6 +224,29 @@ def stop_all(run_dir: Path, last: Sequence[str] = (), grace_s: float = DEFAULT_G
     done = stop_many(run_dir, first, grace_s, on_stopped) if first else []
     done += stop_many(run_dir, then, grace_s, on_stopped) if then else []
     return [s for s in done if s.ended is not Ended.NOT_RUNNING]
+
+
+def _gone(proc: psutil.Process) -> bool:
+    """Exited: no such process, or a zombie its parent has not reaped yet (a process started
+    by hand from another program stays a zombie until that program waits for it)."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_all(procs: list[psutil.Process], timeout_s: float, on_gone: Callable[[psutil.Process], None]) -> list[psutil.Process]:
+    """Wait until every process is gone or ``timeout_s`` passed; return those still running."""
+    waiting = list(procs)
+    deadline = time.monotonic() + timeout_s
+    while waiting:
+        for proc in [p for p in waiting if _gone(p)]:
+            waiting.remove(proc)
+            on_gone(proc)
+        if not waiting or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    return waiting
 
 
 def _forget(run_dir: Path, name: str) -> None:

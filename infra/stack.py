@@ -69,7 +69,12 @@ def start(settings: Settings, pools: list[PoolSpec], tenants_file: Path | None =
             progress(f"{name} already runs (pid {pid})")
         started.append(name)
 
-    spawn("telemetry", _cli("sink", "telemetry"))
+    holder = _telemetry_already_running(settings)
+    if holder is None:
+        spawn("telemetry", _cli("sink", "telemetry"))
+    else:  # a second one could not open the embedded chdb
+        progress(f"the telemetry service already runs as {holder} (pid {processes.alive_pid(settings.run_dir, holder)})")
+        started.append(holder)
     spawn("results", _cli("sink", "results"))
     spawn("control", _cli("control", *(["--tenants", str(tenants_file)] if tenants_file else [])))
     if drift_interval_s is not None:
@@ -82,6 +87,17 @@ def start(settings: Settings, pools: list[PoolSpec], tenants_file: Path | None =
                 "--worker-id", f"{pool.name}-{i}",
             ))
     return started
+
+
+def _telemetry_already_running(settings: Settings) -> str | None:
+    """The recorded name of a telemetry service started some other way (by hand: ``sink-telemetry-<pid>``)
+    that holds the embedded chdb, or None."""
+    from phaseroute.infra.clickhouse import chdb_owner
+
+    if settings.clickhouse_url or processes.alive_pid(settings.run_dir, "telemetry") is not None:
+        return None
+    owner = chdb_owner(settings.chdb_path)
+    return next((n for n, pid in processes.running(settings.run_dir).items() if pid == owner), None) if owner else None
 
 
 def record_pools(settings: Settings, pools: list[PoolSpec]) -> None:

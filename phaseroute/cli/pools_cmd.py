@@ -151,8 +151,8 @@ def collect(src: Sources, now: float, window_s: float = 60.0, only: list[str] | 
     and pools ``recorded`` by ``up`` (``PoolSpec``s; ``running`` names the live processes of the
     run dir); ``history`` adds the pools only topics and consumer groups remember. Phases are
     those the workers (or the spec) run, never a placeholder. ``only`` keeps the named pools."""
-    admin = AdminClient({"bootstrap.servers": src.bootstrap})
-    consumer = Consumer({
+    admin = AdminClient({"bootstrap.servers": src.bootstrap, "log_level": 4})
+    consumer = Consumer({"log_level": 4,
         "bootstrap.servers": src.bootstrap, "group.id": f"phaseroute.pools-report.{os.getpid()}.{uuid.uuid4().hex[:6]}",
         "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "latest",
     })

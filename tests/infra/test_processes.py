@@ -131,3 +131,18 @@ def test_spawn_records_command_log_and_phaseroute_environment(tmp_path: Path, mo
     finally:
         assert processes.stop(run_dir, "results", grace_s=5)
     assert processes.wait_gone(pid, 5)
+
+
+def test_a_hand_started_process_that_exited_unreaped_counts_as_stopped(tmp_path: Path) -> None:
+    """A process started by another program stays a zombie until that program waits for it:
+    `down` must not wait out the grace time and call it killed."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    child = subprocess.Popen(_child(run_dir, "worker-z-both-1"))  # this test never waits for it until the end
+    _ready(run_dir, "worker-z-both-1")
+    script = ("import sys; from pathlib import Path; from phaseroute.infra import processes; "
+              "[r] = processes.stop_many(Path(sys.argv[1]), ['worker-z-both-1'], grace_s=30); print(r.ended.name, r.seconds)")
+    stopper = subprocess.run([sys.executable, "-c", script, str(run_dir)], capture_output=True, text=True, timeout=60)
+    ended, seconds = stopper.stdout.split()
+    assert ended == "TERMINATED" and float(seconds) < 10, stopper.stdout + stopper.stderr
+    assert child.wait(5) == 0
