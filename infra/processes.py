@@ -33,9 +33,12 @@ from pathlib import Path
 import psutil
 
 NAME_ENV = "PHASEROUTE_PROCESS_NAME"
-# as long as the worker loop's drain timeout (consumers.loop.LoopConfig.drain_timeout_s): a
-# process finishing the work in flight after SIGTERM is not cut short by `down`
-DEFAULT_GRACE_S = 60.0
+# After SIGTERM a worker finishes its work in flight for up to its drain timeout
+# (consumers.loop.LoopConfig.drain_timeout_s, 60 s), then commits, sends its last heartbeat and
+# closes: `down` waits that long plus a margin before it kills (which loses nothing either).
+DRAIN_TIMEOUT_S = 60.0
+SHUTDOWN_MARGIN_S = 15.0
+DEFAULT_GRACE_S = DRAIN_TIMEOUT_S + SHUTDOWN_MARGIN_S
 
 
 class Ended(enum.Enum):

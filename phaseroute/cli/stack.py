@@ -57,7 +57,7 @@ def up(
 
 def down(
     timeout_s: float = typer.Option(processes.DEFAULT_GRACE_S, "--timeout-s", min=0.0,
-                                    help="How long each process may drain after SIGTERM before it is killed."),
+                                    help="How long each process may drain and close after SIGTERM before it is killed."),
 ) -> None:
     """Stop every recorded process (what `up` started and long-running commands started by hand):
     all together first, the broker last."""
@@ -72,7 +72,8 @@ def down(
 
     if alive.keys() - {"kafka"}:
         names = ", ".join(n for n in others if n in alive)
-        say(f"stopping {len(alive.keys() - {'kafka'})} process(es) with SIGTERM (each may drain up to {timeout_s:.0f} s): {names}")
+        say(f"stopping {len(alive.keys() - {'kafka'})} process(es) with SIGTERM (each may drain and close for up to "
+            f"{timeout_s:.0f} s): {names}")
     stopped += processes.stop_many(cfg.run_dir, others, timeout_s, heard)
     if "kafka" in alive:
         say(f"stopping Kafka (pid {alive['kafka']}) ...")
@@ -89,7 +90,7 @@ def down(
 def restart(
     names: list[str] = typer.Argument(..., help="kafka, or processes `up` started: telemetry, results, control, drift, worker-POOL-N."),
     timeout_s: float = typer.Option(processes.DEFAULT_GRACE_S, "--timeout-s", min=0.0,
-                                    help="How long each process may drain after SIGTERM before it is killed."),
+                                    help="How long the process may drain and close after SIGTERM before it is killed."),
 ) -> None:
     """Stop and start again only the named processes, e.g. `phaseroute restart kafka` (the broker, on
     the same data; clients reconnect). `phaseroute down` lists the names that are recorded."""

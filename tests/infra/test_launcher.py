@@ -63,6 +63,20 @@ def test_up_answers_and_down_leaves_no_process(tmp_path: Path) -> None:
         assert topics.returncode == 0, topics.stderr
         assert '"topic": "jobs.state"' in topics.stdout and '"status": "ok"' in topics.stdout
         print(f"up answered after {time.monotonic() - started:.1f} s (includes jar resolution from ~/.m2)")
+        meta = sorted((tmp_path / "kafka").glob("*/data/meta.properties"))
+        cluster_before = [p.read_text() for p in meta]
+        assert cluster_before and "cluster.id=" in cluster_before[0]
+        restart = subprocess.run([*cli, "restart", "kafka"], env=env, capture_output=True, text=True, timeout=240)
+        assert restart.returncode == 0, restart.stderr
+        assert "Kafka stopped on SIGTERM" in restart.stderr and "answers on" in restart.stderr
+        new_pid = processes.alive_pid(tmp_path / "run", "kafka")
+        assert new_pid is not None and new_pid != pid and processes.wait_gone(pid, 10)
+        assert [p.read_text() for p in (tmp_path / "kafka").glob("*/data/meta.properties")] == cluster_before
+        again = subprocess.run([*cli, "topics", "--json", "--check", "jobs.state"], env=env, capture_output=True, text=True, timeout=60)
+        assert again.returncode == 0 and '"status": "ok"' in again.stdout, again.stderr  # same data after the restart
+        unknown = subprocess.run([*cli, "restart", "no-such-process"], env=env, capture_output=True, text=True, timeout=60)
+        assert unknown.returncode == 1 and "no process named 'no-such-process' is recorded" in unknown.stderr
+        pid = new_pid
     finally:
         down = subprocess.run([*cli, "down"], env=env, capture_output=True, text=True, timeout=60)
     assert down.returncode == 0, down.stderr

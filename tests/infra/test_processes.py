@@ -107,10 +107,11 @@ def test_a_name_held_by_another_live_process_gets_this_pid_appended(tmp_path: Pa
     assert not psutil.pid_exists(other.pid) or psutil.Process(other.pid).status() == psutil.STATUS_ZOMBIE
 
 
-def test_down_waits_as_long_as_a_worker_may_drain() -> None:
+def test_down_waits_as_long_as_a_worker_may_drain_and_close() -> None:
     from phaseroute.consumers.loop import LoopConfig
 
-    assert processes.DEFAULT_GRACE_S == LoopConfig("b", "g", "c", {}, "s").drain_timeout_s
+    assert processes.DRAIN_TIMEOUT_S == LoopConfig("b", "g", "c", {}, "s").drain_timeout_s
+    assert processes.DEFAULT_GRACE_S > processes.DRAIN_TIMEOUT_S
 
 
 def test_process_names_must_be_file_names(tmp_path: Path) -> None:
