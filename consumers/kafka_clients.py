@@ -1,7 +1,11 @@
 """confluent-kafka clients configured the one way phaseroute's data plane needs.
 
 Producers are idempotent with ``acks=all`` (a retried send never duplicates) and use the
-murmur2 partitioner so a key lands on the same partition as with Faust's aiokafka.
+murmur2 partitioner so a key lands on the same partition as with Faust's aiokafka. Every send
+is checked: ``TrackedProducer`` collects each delivery report, and ``flush_or_raise`` raises
+``DeliveryError`` naming the topic, the record's size and the broker's reason (a record larger
+than the topic's ``max.message.bytes`` is refused, not dropped in silence); ``publish_one`` is
+the one-record form for commands.
 Consumers never auto-commit (offsets are committed only after outputs are durably produced),
 use cooperative-sticky assignment (a worker joining moves only some partitions), and poll
 with a short fetch wait so light traffic is not delayed by the 500 ms default.
@@ -10,9 +14,10 @@ with a short fetch wait so light traffic is not delayed by the 500 ms default.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 log = logging.getLogger(__name__)
 
@@ -58,29 +63,57 @@ class TrackedProducer:
 
     def __init__(self, bootstrap: str, client_id: str) -> None:
         self._producer = Producer(producer_config(bootstrap, client_id))
+        self._bootstrap = bootstrap
         self._failures: list[str] = []
+        self._pending: Counter[str] = Counter()  # topic -> records not yet reported
 
     def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
+        self._pending[msg.topic()] -= 1
         if err is not None:
-            self._failures.append(f"{msg.topic()}[{msg.partition()}]: {err.str()}")
+            size = len(msg.value() or b"")
+            self._failures.append(f"{msg.topic()}[{msg.partition()}] refused a record of {size:,} bytes: {err.str()}"
+                                  + _hint(err.code()))
 
     def produce(self, topic: str, key: str | bytes | None, value: bytes) -> None:
         while True:
             try:
                 self._producer.produce(topic, value=value, key=key, on_delivery=self._on_delivery)
+                self._pending[topic] += 1
                 break
             except BufferError:  # local queue full: let deliveries drain, then retry
                 self._producer.poll(0.1)
+            except KafkaException as exc:  # refused before sending (too large for the client, unknown topic...)
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                reason = err.str() if err is not None else str(exc)
+                raise DeliveryError(f"{topic}: a record of {len(value):,} bytes was not sent: {reason}"
+                                    + (_hint(err.code()) if err is not None else "")) from None
         self._producer.poll(0)
 
     def flush_or_raise(self, timeout_s: float = 30.0) -> None:
         """Wait until every produced message is acknowledged; raise if any was not."""
         remaining = self._producer.flush(timeout_s)
         if remaining:
-            raise DeliveryError(f"{remaining} message(s) not acknowledged within {timeout_s:.0f} s")
+            waiting = ", ".join(f"{n} to {t}" for t, n in sorted(self._pending.items()) if n > 0)
+            raise DeliveryError(f"{remaining} message(s) ({waiting}) not acknowledged by {self._bootstrap} within "
+                                f"{timeout_s:.0f} s: is the broker up, and does the topic exist?")
         if self._failures:
             failures, self._failures = self._failures, []
             raise DeliveryError("delivery failed: " + "; ".join(failures[:5]))
+
+
+def _hint(code: int) -> str:
+    if code == KafkaError.MSG_SIZE_TOO_LARGE:  # the broker's answer and the client's own check alike
+        return (" (larger than the topic's max.message.bytes or the client's message.max.bytes; "
+                "send large batches as an input file instead of inline requests)")
+    return ""
+
+
+def publish_one(bootstrap: str, topic: str, key: str | bytes | None, value: bytes, client_id: str = "phaseroute-cli",
+                timeout_s: float = 30.0) -> None:
+    """Send one record and wait for the cluster's acknowledgement; DeliveryError says what failed."""
+    producer = TrackedProducer(bootstrap, client_id)
+    producer.produce(topic, key, value)
+    producer.flush_or_raise(timeout_s)
 
 
 def new_consumer(bootstrap: str, group_id: str, client_id: str, **overrides: Any) -> Consumer:

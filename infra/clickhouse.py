@@ -8,7 +8,12 @@ default (one process owns that data path: the telemetry service), or on the serv
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import os
+import re
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import clickhouse_connect
@@ -21,19 +26,50 @@ class ClickHouseLockedError(RuntimeError):
     """Another process owns the embedded chdb data path."""
 
 
+def chdb_owner(path: Path) -> int | None:
+    """The PID of the process that holds the embedded ClickHouse at ``path`` (its ``status``
+    file is locked while an engine runs on it), or None when none does; -1 when the holder
+    does not say who it is."""
+    status = path / "status"
+    try:
+        fd = os.open(status, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None  # a file left behind: nobody holds it
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return None
+        match = re.search(rb"PID:\s*(\d+)", os.read(fd, 4096))
+        return int(match.group(1)) if match else -1
+    finally:
+        os.close(fd)
+
+
+def locked_message(path: Path, owner: int | None) -> str:
+    who = f"process {owner}" if owner and owner > 0 else "another process"
+    return (f"the embedded ClickHouse at {path} is held by {who} (chdb allows one; normally the telemetry "
+            "service of `phaseroute up --pools`); stop it with `phaseroute down`, or set "
+            "PHASEROUTE_CLICKHOUSE_URL to a ClickHouse server")
+
+
 def connect(settings: Settings) -> Any:
-    """A clickhouse-connect client (embedded chdb or server) with the database created."""
+    """A clickhouse-connect client (embedded chdb or server) with the database created.
+    Raises ClickHouseLockedError, naming the holder, when another process holds the embedded chdb."""
     dsn = settings.clickhouse_dsn()
     if dsn.startswith("chdb://"):
         settings.chdb_path.mkdir(parents=True, exist_ok=True)
+        owner = chdb_owner(settings.chdb_path)
+        if owner is not None and owner != os.getpid():
+            raise ClickHouseLockedError(locked_message(settings.chdb_path, owner))
     try:
         client = clickhouse_connect.get_client(dsn=dsn)
     except Exception as exc:  # chdb reports a held lock as a generic error
-        if "lock" in str(exc).lower():
-            raise ClickHouseLockedError(
-                f"the embedded ClickHouse data path {settings.chdb_path} is owned by another process "
-                "(chdb allows one); stop it, or set PHASEROUTE_CLICKHOUSE_URL to a server"
-            ) from exc
+        text = str(exc).lower()
+        if "lock" in text or "unable to open the chdb engine" in text:
+            raise ClickHouseLockedError(locked_message(settings.chdb_path, chdb_owner(settings.chdb_path))) from exc
         raise
     client.command(f"CREATE DATABASE IF NOT EXISTS {settings.clickhouse_database}")
     return client
@@ -41,7 +77,7 @@ def connect(settings: Settings) -> Any:
 
 def ddl_statements(database: str) -> list[str]:
     """Every statement of every ``infra/sql/*.sql`` file, with ``{db}`` filled in."""
-    statements = []
+    statements: list[str] = []
     sql_dir = resources.files("phaseroute.infra") / "sql"
     for entry in sorted(sql_dir.iterdir(), key=lambda e: e.name):
         if not entry.name.endswith(".sql"):

@@ -9,7 +9,8 @@ Life of the local broker:
    (``kafka.tools.StorageTool format``); later starts reuse the data.
 4. ``start`` launches ``kafka.Kafka`` in its own process group, records its PID under
    ``<home>/run/kafka.pid`` and waits until the broker answers a metadata request.
-5. ``stop`` (via ``phaseroute down``) terminates every process whose PID file ``up`` wrote.
+5. ``phaseroute down`` stops it (by its PID file) after every other recorded process;
+   ``phaseroute restart kafka`` stops and starts only the broker, on the same data.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import time
 import uuid
 from base64 import urlsafe_b64encode
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -155,13 +157,25 @@ def server_properties(settings: Settings, layout: KafkaLayout) -> str:
     ])
 
 
+def new_cluster_id(draw: Callable[[], uuid.UUID] = uuid.uuid4) -> str:
+    """A KRaft cluster id: 16 random bytes in URL-safe base64 without padding (22 characters),
+    drawn again while it starts with ``-`` (as Kafka's own ``Uuid.randomUuid()`` does): the
+    storage tool's argument parser would read ``-t -xyz...`` as a missing value. About 1 draw in
+    64 starts with ``-`` (a first byte 0xF8-0xFB). The all-zero id is reserved by Kafka too."""
+    while True:
+        raw = draw().bytes
+        text = urlsafe_b64encode(raw).decode().rstrip("=")
+        if not text.startswith("-") and raw != bytes(16):
+            return text
+
+
 def format_storage(settings: Settings, java: str, libs: Path) -> None:
     """Write server.properties and format the KRaft storage the first time only."""
     layout = layout_for(settings)
     layout.config.write_text(server_properties(settings, layout))
     if (layout.data / "meta.properties").exists():
         return
-    cluster_id = urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cluster_id = new_cluster_id()
     cmd = [java, "-cp", f"{libs}/*", STORAGE_TOOL, "format", "-t", cluster_id, "-c", str(layout.config)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -181,15 +195,25 @@ def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def start(settings: Settings) -> int:
-    """Start the local broker unless ours is already running; return its PID."""
+def _quiet(_message: str) -> None:
+    pass
+
+
+def start(settings: Settings, progress: Callable[[str], None] = _quiet) -> int:
+    """Start the local broker unless ours is already running; return its PID. ``progress``
+    hears each step (jar resolution, storage format, waiting for the broker)."""
     running = processes.alive_pid(settings.run_dir, "kafka")
     if running is not None:
+        progress(f"Kafka already runs (pid {running})")
         return running
     java, mvn = check_toolchain()
-    libs = resolve_jars(settings, mvn)
-    format_storage(settings, java, libs)
     layout = layout_for(settings)
+    if not (layout.libs / ".resolved").exists():
+        progress(f"resolving Apache Kafka {settings.kafka_version} with Maven (first time only; ~/.m2 keeps the jars) ...")
+    libs = resolve_jars(settings, mvn)
+    if not (layout.data / "meta.properties").exists():
+        progress(f"formatting the KRaft storage in {layout.data} (first time only) ...")
+    format_storage(settings, java, libs)
     log4j = resources.files("phaseroute.infra") / "kafka" / "log4j2.properties"
     cmd = [
         java, f"-Xmx{settings.kafka_heap}", f"-Xms{settings.kafka_heap}", "-XX:+UseG1GC",
@@ -198,11 +222,15 @@ def start(settings: Settings) -> int:
     ]
     pid = processes.spawn(settings.run_dir, "kafka", cmd, log_path=layout.root / "stdout.log")
     bootstrap = settings.bootstrap_servers
-    deadline = time.monotonic() + settings.kafka_start_timeout_s
+    progress(f"started the broker (pid {pid}); waiting for it to answer on {bootstrap} ...")
+    started = time.monotonic()
+    deadline = started + settings.kafka_start_timeout_s
     while time.monotonic() < deadline:
         if processes.alive_pid(settings.run_dir, "kafka") is None:
             raise BrokerStartError(f"Kafka exited during start-up; last log lines:\n{_tail(layout)}")
         if broker_answers(bootstrap):
+            progress(f"Kafka {settings.kafka_version} (KRaft, single node) answers on {bootstrap} after "
+                     f"{time.monotonic() - started:.1f} s")
             return pid
         time.sleep(0.5)
     processes.stop(settings.run_dir, "kafka")

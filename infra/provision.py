@@ -28,7 +28,9 @@ class TopicState:
 
 
 def admin_client(bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap})
+    # log_level 4: librdkafka's warnings and errors, not its notices (a "Purging 1 unserved
+    # events" line at every `phaseroute up` told a user nothing)
+    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
 
 
 def describe(admin: AdminClient, names: Sequence[str], timeout_s: float = 15.0) -> dict[str, TopicState]:

@@ -1,44 +1,40 @@
 """The local phaseroute stack beside Kafka: telemetry service, result sink, control plane, drift
-monitor, and the workers of each pool — each a process with a PID file, so ``phaseroute down`` stops them.
+monitor, and the workers of each pool — each a process with a PID file, so ``phaseroute down``
+stops them.
 
-A pool spec names each pool's phase, engine variant, threads and worker count::
+Life of ``phaseroute up --pools SPEC`` after the broker answers:
+1. ``provision`` the pools' work topics;
+2. ``cold_start.profile_new_pools``: each pool without a cold-start profile of its variant and
+   threads is microbenchmarked (``phaseroute profile --quick``) into ClickHouse, so the router
+   can place work on it from the first job;
+3. ``start``: the services and ``workers`` processes of each pool, recorded in the run dir
+   (``stack.json`` keeps the pool specs, so ``phaseroute pools`` shows a pool that is starting);
+4. ``wait_until_ready``: every pool has a live worker (heartbeats) and profile rows on the
+   ``profiles`` topic, which is what admission needs to accept the first job.
 
-    prefill-fp32=prefill:fp32,decode-int8=decode:int8-dynamic,colo-fp32=both:fp32:1x2
-
-(``name=phase:variant[:threads][xWORKERS]``), or a YAML file with the same fields.
+Pool specs: see ``pool_spec`` (``NAME=PHASE:VARIANT[:THREADS][xWORKERS]``).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-
-import yaml
+from typing import Any
 
 from phaseroute.config import Settings
 from phaseroute.infra import processes, provision, topics
+from phaseroute.infra.pool_spec import PHASES, POOL_SPEC_EXAMPLE, POOL_SPEC_FORM, PoolSpec, parse_pools
 
-PHASES = ("prefill", "decode", "both")
+__all__ = [
+    "DEMO_POOLS", "PHASES", "POOL_SPEC_EXAMPLE", "POOL_SPEC_FORM", "PoolSpec", "Progress", "check_running",
+    "parse_pools", "recorded_pools", "start", "wait_for", "wait_until_ready",
+]
 
-
-@dataclass(frozen=True)
-class PoolSpec:
-    name: str
-    phase: str
-    variant: str = "fp32"
-    threads: int = 1
-    workers: int = 1
-    max_decode_batch: int = 16
-
-    def __post_init__(self) -> None:
-        topics.check_pool_name(self.name)
-        if self.phase not in PHASES:
-            raise ValueError(f"pool {self.name!r}: phase {self.phase!r} must be one of {PHASES}")
-        if self.threads < 1 or self.workers < 1:
-            raise ValueError(f"pool {self.name!r}: threads ({self.threads}) and workers ({self.workers}) must be >= 1")
-
+Progress = Callable[[str], None]
+STACK_FILE = "stack.json"
 
 DEMO_POOLS = (
     PoolSpec("prefill-fp32", "prefill", "fp32"),
@@ -47,46 +43,38 @@ DEMO_POOLS = (
 )
 
 
-def parse_pools(spec: str) -> list[PoolSpec]:
-    """Pools from ``name=phase:variant[:threads][xN],...`` or from a YAML file path."""
-    path = Path(spec)
-    if path.suffix in (".yaml", ".yml", ".json") and path.exists():
-        data = yaml.safe_load(path.read_text())
-        return [PoolSpec(name, **fields) for name, fields in data.items()]
-    pools = []
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        name, eq, rest = part.partition("=")
-        if not eq:
-            raise ValueError(f"pool spec {part!r} must look like name=phase:variant[:threads][xWORKERS]")
-        rest, _, workers = rest.partition("x")
-        fields = rest.split(":")
-        if len(fields) < 2:
-            raise ValueError(f"pool spec {part!r} needs at least phase and variant")
-        threads = int(fields[2]) if len(fields) > 2 else 1
-        pools.append(PoolSpec(name.strip(), fields[0], fields[1], threads, int(workers) if workers else 1))
-    if not pools:
-        raise ValueError(f"pool spec {spec!r} names no pool")
-    return pools
-
-
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "phaseroute.cli.main", *args]
 
 
+def _quiet(_message: str) -> None:
+    pass
+
+
 def start(settings: Settings, pools: list[PoolSpec], tenants_file: Path | None = None,
-          drift_interval_s: float | None = 60.0) -> list[str]:
+          drift_interval_s: float | None = 60.0, progress: Progress = _quiet) -> list[str]:
     """Provision the pools' topics and start services and workers; return the process names.
     The drift monitor runs canaries on every path every ``drift_interval_s`` (None: no monitor)."""
     provision.provision(settings.bootstrap_servers, topics.all_topics([p.name for p in pools]))
+    record_pools(settings, pools)
     logs = settings.run_dir / "logs"
     started = []
 
     def spawn(name: str, cmd: list[str]) -> None:
-        if processes.alive_pid(settings.run_dir, name) is None:
-            processes.spawn(settings.run_dir, name, cmd, logs / f"{name}.log")
+        pid = processes.alive_pid(settings.run_dir, name)
+        if pid is None:
+            pid = processes.spawn(settings.run_dir, name, cmd, logs / f"{name}.log")
+            progress(f"started {name} (pid {pid})")
+        else:
+            progress(f"{name} already runs (pid {pid})")
         started.append(name)
 
-    spawn("telemetry", _cli("sink", "telemetry"))
+    holder = _telemetry_already_running(settings)
+    if holder is None:
+        spawn("telemetry", _cli("sink", "telemetry"))
+    else:  # a second one could not open the embedded chdb
+        progress(f"the telemetry service already runs as {holder} (pid {processes.alive_pid(settings.run_dir, holder)})")
+        started.append(holder)
     spawn("results", _cli("sink", "results"))
     spawn("control", _cli("control", *(["--tenants", str(tenants_file)] if tenants_file else [])))
     if drift_interval_s is not None:
@@ -101,6 +89,41 @@ def start(settings: Settings, pools: list[PoolSpec], tenants_file: Path | None =
     return started
 
 
+def _telemetry_already_running(settings: Settings) -> str | None:
+    """The recorded name of a telemetry service started some other way (by hand: ``sink-telemetry-<pid>``)
+    that holds the embedded chdb, or None."""
+    from phaseroute.infra.clickhouse import chdb_owner
+
+    if settings.clickhouse_url or processes.alive_pid(settings.run_dir, "telemetry") is not None:
+        return None
+    owner = chdb_owner(settings.chdb_path)
+    return next((n for n, pid in processes.running(settings.run_dir).items() if pid == owner), None) if owner else None
+
+
+def record_pools(settings: Settings, pools: list[PoolSpec]) -> None:
+    """Add ``pools`` to the run dir's ``stack.json`` (what ``up`` started; ``down`` removes it)."""
+    known = {p.name: p for p in recorded_pools(settings.run_dir)}
+    known.update({p.name: p for p in pools})
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    path = settings.run_dir / STACK_FILE
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"pools": [p.to_dict() for p in known.values()]}, indent=1))
+    tmp.replace(path)
+
+
+def recorded_pools(run_dir: Path) -> list[PoolSpec]:
+    """The pools ``up --pools`` started (and ``down`` has not stopped); [] when none or unreadable."""
+    try:
+        data = json.loads((run_dir / STACK_FILE).read_text())
+        return [PoolSpec(**fields) for fields in data["pools"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def forget_pools(run_dir: Path) -> None:
+    (run_dir / STACK_FILE).unlink(missing_ok=True)
+
+
 def check_running(settings: Settings, names: list[str]) -> None:
     """Raise naming the processes that exited, with the tail of their logs."""
     dead = [n for n in names if processes.alive_pid(settings.run_dir, n) is None]
@@ -113,7 +136,7 @@ def check_running(settings: Settings, names: list[str]) -> None:
         raise RuntimeError(f"processes exited: {', '.join(dead)}\n" + "\n".join(tails))
 
 
-def wait_for(condition: "callable[[], bool]", timeout_s: float, what: str, settings: Settings, names: list[str]) -> None:  # type: ignore[valid-type]
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str, settings: Settings, names: list[str]) -> None:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         check_running(settings, names)
@@ -121,3 +144,38 @@ def wait_for(condition: "callable[[], bool]", timeout_s: float, what: str, setti
             return
         time.sleep(1.0)
     raise TimeoutError(f"{what} not reached within {timeout_s:.0f} s")
+
+
+def wait_until_ready(settings: Settings, pools: list[PoolSpec], names: list[str], timeout_s: float,
+                     progress: Progress = _quiet, every_s: float = 10.0) -> None:
+    """Every pool has a live worker and a profile row the router can use (what admission needs);
+    ``progress`` hears what is still missing whenever it changes, and every ``every_s``."""
+    from phaseroute.streams.views import PoolView, ProfileView, TopicFollower
+
+    pool_view, profile_view = PoolView(), ProfileView()
+    followers = [TopicFollower(settings.bootstrap_servers, "pools.heartbeat", "pool_heartbeat", pool_view.on_record),
+                 TopicFollower(settings.bootstrap_servers, "profiles", "profile_row", profile_view.on_record)]
+    for f in followers:
+        f.start()
+    wanted = {p.name for p in pools}
+    said: dict[str, Any] = {"text": "", "at": 0.0}
+
+    def ready() -> bool:
+        alive = {n for n, s in pool_view.states(time.time(), {}, {}).items() if s.alive} & wanted
+        profiled = {row.pool for row in profile_view.table().rows.values()} & wanted
+        text = (f"waiting for pools: {len(alive)}/{len(wanted)} alive, {len(profiled)}/{len(wanted)} profiled"
+                + _missing("not alive", wanted - alive) + _missing("no profile yet", wanted - profiled))
+        if text != said["text"] or time.monotonic() - said["at"] >= every_s:
+            progress(text)
+            said.update(text=text, at=time.monotonic())
+        return wanted <= alive and wanted <= profiled
+
+    try:
+        wait_for(ready, timeout_s, "all pools alive and profiled", settings, names)
+    finally:
+        for f in followers:
+            f.stop()
+
+
+def _missing(what: str, pools: set[str]) -> str:
+    return f"; {what}: {', '.join(sorted(pools))}" if pools else ""

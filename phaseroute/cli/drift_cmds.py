@@ -13,7 +13,6 @@ stack starts the monitor that way). Heavy imports happen inside the commands.
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
@@ -23,7 +22,7 @@ from typing import Any
 
 import typer
 
-from phaseroute.cli.common import console, current_settings, errors_as_messages
+from phaseroute.cli.common import console, current_settings, errors_as_messages, json_stdout, long_running
 
 drift_app = typer.Typer(no_args_is_help=True, add_completion=False,
                         help="Quality drift: canaries through every path, measured against a reference.")
@@ -31,6 +30,7 @@ VARIANTS = ("fp32", "bf16", "int8-weight", "int8-dynamic")
 
 
 @drift_app.command("monitor")
+@long_running(lambda _kw: "drift")
 def monitor(
     interval_s: float = typer.Option(60.0, "--interval-s", help="Seconds between two canary rounds on one path."),
     round_timeout_s: float = typer.Option(180.0, "--round-timeout-s", help="A round closes with what came back after this long."),
@@ -85,7 +85,7 @@ def measure(
     model: str = typer.Option("smollm2-135m", "--model"),
     variant: list[str] = typer.Option(list(VARIANTS), "--variant", help="Variants to measure (repeat)."),
     threads: int = typer.Option(2, "--threads", min=1),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON lines instead of a table."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document ({model, threads, variants: [...]}) instead of a table."),
 ) -> None:
     """Drift of each variant against the reference, in this process (prefill and decode on the variant)."""
     from dataclasses import asdict
@@ -98,15 +98,18 @@ def measure(
 
     canary_set = load_canaries(model)
     table = Table("variant", "greedy agreement", "top-1 agreement", "mean KL (nats)", "max KL (nats)", "first divergence")
-    for name in variant:
-        started = time.perf_counter()
-        m = run_in_process(build_executor(model, name, threads=threads), canary_set)
+    measured = []
+    with json_stdout(as_json) as emit:
+        for name in variant:
+            started = time.perf_counter()
+            m = run_in_process(build_executor(model, name, threads=threads), canary_set)
+            measured.append({"variant": name, **asdict(m), "seconds": round(time.perf_counter() - started, 1)})
+            table.add_row(name, f"{m.greedy_agreement:.3f}", f"{m.top1_agreement:.3f}", f"{m.mean_kl:.3g}", f"{m.max_kl:.3g}",
+                          f"{m.first_divergence_mean:.2f} (min {m.first_divergence_min})")
         if as_json:
-            print(json.dumps({"variant": name, **asdict(m), "seconds": round(time.perf_counter() - started, 1)}))
-        table.add_row(name, f"{m.greedy_agreement:.3f}", f"{m.top1_agreement:.3f}", f"{m.mean_kl:.3g}", f"{m.max_kl:.3g}",
-                      f"{m.first_divergence_mean:.2f} (min {m.first_divergence_min})")
-    if not as_json:
-        console.print(table)
+            emit({"model": model, "threads": threads, "variants": measured})
+            return
+    console.print(table)
 
 
 def _rows(port: int, sql: str) -> list[dict[str, Any]]:
@@ -182,14 +185,14 @@ def report(
     from phaseroute.consumers.query_server import QueryError
 
     settings = current_settings()
-    with errors_as_messages(QueryError, OSError):
+    with errors_as_messages(QueryError, OSError), json_stdout(as_json) as emit:
         summary = drift_summary(settings.telemetry_port, None if since_min is None else time.time() - 60 * since_min,
                                 settings.clickhouse_database)
         if plot is not None:
             plot_drift(summary["timeline"], plot)
-    if as_json:
-        print(json.dumps({k: v for k, v in summary.items() if k != "timeline"}, default=str))
-        return
+        if as_json:
+            emit({k: v for k, v in summary.items() if k != "timeline"})
+            return
     for name in ("by_variant", "paths", "alerts"):
         rows = summary[name]
         table = Table(*(rows[0].keys() if rows else ["(none)"]), title=name)

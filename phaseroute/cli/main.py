@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from phaseroute.cli import common, drift_cmds, engine_cmds, jobs_cmds, pools_cmd, sim_cmds, stack, worker_cmds
+from phaseroute.cli import common, drift_cmds, engine_cmds, jobs_cmds, pools_cmd, query_cmd, sim_cmds, stack, worker_cmds
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="phaseroute: offline LLM batch inference over Kafka.")
 
@@ -22,12 +22,14 @@ def _global_options(
 
 app.command("up")(stack.up)
 app.command("down")(stack.down)
+app.command("restart")(stack.restart)
 app.command("topics")(stack.list_topics)
 app.command("worker")(worker_cmds.worker)
 app.command("sink")(worker_cmds.sink)
-app.command("query")(worker_cmds.query)
+app.command("query")(query_cmd.query)
 app.command("pools")(pools_cmd.pools)
-app.command("control")(jobs_cmds.control)
+# the control plane records itself in the run dir like every long-running command (`down` stops it)
+app.command("control")(common.long_running(lambda _kw: "control")(jobs_cmds.control))
 app.command("submit")(jobs_cmds.submit)
 app.command("status")(jobs_cmds.status)
 app.command("results")(jobs_cmds.results)

@@ -1,11 +1,12 @@
-"""``phaseroute pools``: per pool and phase, the workers alive, consumer lag and recent throughput.
+"""``phaseroute pools``: the pools that run now, per phase: workers alive, consumer lag, throughput.
 
 Everything comes from Kafka, so it works while the telemetry service owns the embedded chdb:
 
 * workers: the latest ``pools.heartbeat`` record of each worker since ``now - window_s``
   (read from the offsets of that time); a worker is alive when its latest heartbeat says UP
-  and is at most ``MISSED_BEATS`` of its intervals old. A pool whose heartbeats stopped shows
-  with no live workers (dead), because its work topics still name it.
+  and is at most ``MISSED_BEATS`` of its intervals old. A pool shows when its workers beat in
+  the window or ``phaseroute up`` recorded it (then ``starting`` until the first heartbeat);
+  ``--all`` adds the pools of earlier stacks that only topics and consumer groups remember.
 * lag: committed offsets of the group ``phaseroute.<phase>.<pool>`` against the high
   watermarks of ``prefill.<pool>`` / ``decode.<pool>`` (both for colocated workers); a
   partition the group never committed counts everything retained on it.
@@ -15,12 +16,13 @@ Everything comes from Kafka, so it works while the telemetry service owns the em
 
 from __future__ import annotations
 
-import json
+import enum
 import os
 import re
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +30,7 @@ import typer
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from phaseroute.cli.common import console, current_settings, errors_as_messages
+from phaseroute.cli.common import console, current_settings, errors_as_messages, json_stdout, print_table
 from phaseroute.infra.topics import POOL_NAME
 from phaseroute.schemas import serde
 
@@ -71,8 +73,9 @@ def read_since(consumer: Consumer, topic: str, since_s: float, kind: str, timeou
     records, deadline = [], time.monotonic() + timeout_s
     while pending and time.monotonic() < deadline:
         for msg in consumer.consume(500, 0.5):
-            if msg.error() is not None:
-                if msg.error().code() == KafkaError._PARTITION_EOF:
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
                     pending.discard(msg.partition())
                 continue
             try:
@@ -133,10 +136,23 @@ def throughput(telemetry: list[dict[str, Any]], phase_of: dict[str, str], now: f
             for k, v in sums.items()}
 
 
-def collect(src: Sources, now: float, window_s: float = 60.0, only: list[str] | None = None) -> list[dict[str, Any]]:
-    """One report per (pool, phase), sorted; ``only`` keeps the named pools."""
-    admin = AdminClient({"bootstrap.servers": src.bootstrap})
-    consumer = Consumer({
+class PoolState(enum.Enum):
+    """What a row of the report says about a pool's phase."""
+
+    ALIVE = "alive"  # a worker's latest heartbeat in the window says UP and is fresh
+    DEAD = "dead"  # heartbeats in the window (or `up` started it), none fresh and UP now
+    STARTING = "starting"  # `up` started its workers, which have not sent a heartbeat yet
+    HISTORY = "history"  # only topics or consumer groups remember it (shown with --all)
+
+
+def collect(src: Sources, now: float, window_s: float = 60.0, only: list[str] | None = None, *,
+            history: bool = False, recorded: Sequence[Any] = (), running: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
+    """One report per (pool, phase) that runs now, sorted: pools with heartbeats in the window
+    and pools ``recorded`` by ``up`` (``PoolSpec``s; ``running`` names the live processes of the
+    run dir); ``history`` adds the pools only topics and consumer groups remember. Phases are
+    those the workers (or the spec) run, never a placeholder. ``only`` keeps the named pools."""
+    admin = AdminClient({"bootstrap.servers": src.bootstrap, "log_level": 4})
+    consumer = Consumer({"log_level": 4,
         "bootstrap.servers": src.bootstrap, "group.id": f"phaseroute.pools-report.{os.getpid()}.{uuid.uuid4().hex[:6]}",
         "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "latest",
     })
@@ -144,68 +160,87 @@ def collect(src: Sources, now: float, window_s: float = 60.0, only: list[str] | 
         workers = worker_states(read_since(consumer, src.heartbeat_topic, now - window_s, "pool_heartbeat", src.timeout_s), now)
         telemetry = read_since(consumer, src.telemetry_topic, now - window_s, "phase_telemetry", src.timeout_s)
         topic_names = set(admin.list_topics(timeout=src.timeout_s).topics)
-        groups = [g.group_id for g in admin.list_consumer_groups().result(timeout=src.timeout_s).valid]
-        keys = _pool_phases(topic_names, groups, workers, only)
+        groups = [g.group_id for g in admin.list_consumer_groups().result(timeout=src.timeout_s).valid] if history else []
+        keys = rows_to_show(workers, recorded, running or {}, groups, topic_names if history else set())
         rates = throughput(telemetry, {w: s["phase"] for w, s in workers.items()}, now, window_s)
         reports = []
-        for pool, phase in sorted(keys):
-            topics = [f"{t}.{pool}" for t in PHASE_TOPICS[phase] if f"{t}.{pool}" in topic_names]
-            group = f"phaseroute.{phase}.{pool}"
-            lag = group_lag(admin, consumer, group, topics, src.timeout_s)
+        for (pool, phase), state in sorted(keys.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+            if only and pool not in only:
+                continue
+            topics = [f"{t}.{pool}" for t in PHASE_TOPICS.get(phase or "both", ()) if f"{t}.{pool}" in topic_names]
+            group = f"phaseroute.{phase}.{pool}" if phase else None
+            lag = group_lag(admin, consumer, group, topics, src.timeout_s) if group else {}
             mine = sorted((w for w in workers.values() if (w["pool"], w["phase"]) == (pool, phase)), key=lambda w: w["worker_id"])
-            rate = rates.get((pool, phase), {"tokens_per_s": 0.0, "batches": 0, "errors": 0})
+            rate = rates.get((pool, phase or ""), {"tokens_per_s": 0.0, "batches": 0, "errors": 0})
             alive = sum(w["alive"] for w in mine)
             reports.append({
-                "pool": pool, "phase": phase, "alive": alive > 0, "workers_alive": alive, "workers": mine,
-                "group": group, "lag": sum(lag.values()) if topics else None, "lag_by_topic": lag, **rate,
+                "pool": pool, "phase": phase, "state": state.value, "alive": alive > 0, "workers_alive": alive,
+                "workers": mine, "group": group, "lag": sum(lag.values()) if topics and group else None,
+                "lag_by_topic": lag, **rate,
             })
         return reports
     finally:
         consumer.close()
 
 
-def _pool_phases(topic_names: set[str], groups: list[str], workers: dict, only: list[str] | None) -> set[tuple[str, str]]:
-    phases: dict[str, set[str]] = defaultdict(set)
+def rows_to_show(workers: Mapping[str, Mapping[str, Any]], recorded: Sequence[Any], running: Mapping[str, int],
+                 groups: Sequence[str], topic_names: set[str]) -> dict[tuple[str, str | None], PoolState]:
+    """(pool, phase) -> state of every row: heartbeats first, then what `up` recorded, then
+    (given groups and topic names) the history. A history pool no group names has one row
+    without a phase (its topics alone do not say which phases it ran)."""
+    rows: dict[tuple[str, str | None], PoolState] = {}
     for w in workers.values():
-        phases[w["pool"]].add(w["phase"])
+        key = (w["pool"], w["phase"])
+        if w["alive"] or key not in rows:
+            rows[key] = PoolState.ALIVE if w["alive"] else PoolState.DEAD
+    for spec in recorded:
+        key = (spec.name, spec.phase)
+        if key not in rows:
+            starting = any(n.startswith(f"worker-{spec.name}-") for n in running)
+            rows[key] = PoolState.STARTING if starting else PoolState.DEAD
+    current = {pool for pool, _ in rows}
     for g in groups:
         m = GROUP.match(g)
-        if m and POOL_NAME.match(m.group(2)):
-            phases[m.group(2)].add(m.group(1))
+        if m and POOL_NAME.match(m.group(2)) and m.group(2) not in current:
+            rows[(m.group(2), m.group(1))] = PoolState.HISTORY
+    remembered = {pool for pool, _ in rows}
     for name in topic_names:
         kind, _, pool = name.partition(".")
-        if kind in ("prefill", "decode") and POOL_NAME.match(pool):
-            phases.setdefault(pool, set())
-    keys = set()
-    for pool, seen in phases.items():
-        if only and pool not in only:
-            continue
-        seen = seen or {k for k in ("prefill", "decode") if f"{k}.{pool}" in topic_names}
-        keys |= {(pool, phase) for phase in seen if phase in PHASE_TOPICS}
-    return keys
+        if kind in ("prefill", "decode") and POOL_NAME.match(pool) and pool not in remembered:
+            rows[(pool, None)] = PoolState.HISTORY
+    return rows
 
 
 def pools(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     only: list[str] = typer.Option([], "--pool", help="Only this pool (repeatable)."),
     window_s: float = typer.Option(60.0, "--window-s", min=1.0, help="Heartbeats and throughput of the last N seconds."),
+    show_all: bool = typer.Option(False, "--all", help="Also pools of earlier stacks that only topics and consumer groups remember."),
     heartbeat_topic: str = typer.Option(HEARTBEAT_TOPIC, "--heartbeat-topic", hidden=True),
     telemetry_topic: str = typer.Option(TELEMETRY_TOPIC, "--telemetry-topic", hidden=True),
 ) -> None:
-    """Per pool and phase: workers alive (heartbeats), consumer lag (committed offsets vs watermarks), tokens/s."""
+    """The pools that run now, per phase: workers alive (heartbeats), consumer lag (committed offsets
+    vs watermarks), tokens/s; `--all` adds the history."""
+    from phaseroute.infra import processes, stack
+
     cfg = current_settings()
     now = time.time()
-    with errors_as_messages(KafkaException):
-        reports = collect(Sources(cfg.bootstrap_servers, heartbeat_topic, telemetry_topic), now, window_s, only or None)
-    if as_json:
-        print(json.dumps({"at": now, "window_s": window_s, "pools": reports}, indent=2))
+    with errors_as_messages(KafkaException), json_stdout(as_json, indent=2) as emit:
+        reports = collect(Sources(cfg.bootstrap_servers, heartbeat_topic, telemetry_topic), now, window_s, only or None,
+                          history=show_all, recorded=stack.recorded_pools(cfg.run_dir), running=processes.running(cfg.run_dir))
+        if as_json:
+            emit({"at": now, "window_s": window_s, "pools": reports})
+            return
+    if not reports:
+        console.print("no pool runs now" + ("" if show_all else " (`--all` also shows the pools of earlier stacks)"))
         return
     from rich.table import Table
 
     table = Table("pool", "phase", "state", "workers", "lag", "tokens/s", "batches", "errors")
+    colour = {"alive": "green", "dead": "red", "starting": "yellow", "history": "dim"}
     for r in reports:
-        state = "[green]alive[/]" if r["alive"] else "[red]dead[/]"
         lag = "-" if r["lag"] is None else str(r["lag"])
-        table.add_row(r["pool"], r["phase"], state, f"{r['workers_alive']}/{len(r['workers'])}", lag,
+        table.add_row(r["pool"], r["phase"] or "-", f"[{colour[r['state']]}]{r['state']}[/]",
+                      f"{r['workers_alive']}/{len(r['workers'])}", lag,
                       f"{r['tokens_per_s']:.1f}", str(r["batches"]), str(r["errors"]))
-    console.print(table)
+    print_table(table)

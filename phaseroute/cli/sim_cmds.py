@@ -15,10 +15,11 @@ scenarios, plots), ``scenario stale|loss``, ``bench`` (1M requests on 1,000 acce
 from __future__ import annotations
 
 import json
-import sys
+from collections.abc import Callable
 
 import typer
 
+from phaseroute.cli.common import json_stdout
 from phaseroute.sim.errors import SimError
 
 sim_app = typer.Typer(help="Fleet simulator: the phaseroute policy at fleet scale, against baselines and an LP bound.",
@@ -35,9 +36,11 @@ def _fail(message: str) -> None:
     raise typer.Exit(1)
 
 
-def _emit(doc: dict, as_json: bool, human) -> None:
+def _emit(doc: dict, as_json: bool, human: Callable[[dict], None], emit: Callable[[object], None]) -> None:
+    """``--json``: ``emit`` (from ``json_stdout``: one document on the real stdout, whatever a
+    solver writes meanwhile goes to stderr); else the human form."""
     if as_json:
-        sys.stdout.write(json.dumps(doc, indent=1, default=str) + "\n")
+        emit(doc)
     else:
         human(doc)
 
@@ -76,13 +79,14 @@ def sim(
     from phaseroute.sim.engine import SimConfig
     from phaseroute.sim.runner import parse_policies, prepare, run_all
 
-    try:
-        names = parse_policies(policy)
-        w, f, info = prepare(workload, fleet, load, seed, max_requests)
-        doc = run_all(w, f, names, SimConfig(seed=seed or 0), bound=bound, series=series, info=info)
-    except (SimError, ValueError) as exc:
-        _fail(str(exc))
-    _emit(doc, as_json, _print_summary)
+    with json_stdout(as_json, indent=1) as emit:
+        try:
+            names = parse_policies(policy)
+            w, f, info = prepare(workload, fleet, load, seed, max_requests)
+            doc = run_all(w, f, names, SimConfig(seed=seed or 0), bound=bound, series=series, info=info)
+        except (SimError, ValueError) as exc:
+            _fail(str(exc))
+        _emit(doc, as_json, _print_summary, emit)
 
 
 @sim_app.command("report")
@@ -129,15 +133,16 @@ def scenario(
 
     if kind not in ("stale", "loss"):
         _fail(f"scenario must be 'stale' or 'loss', got {kind!r}")
-    try:
-        w, f, _ = prepare(workload, fleet, load, seed, max_requests)
-        cfg = SimConfig(seed=seed or 0, sample_s=10.0)
-        names = parse_policies(policy)
-        doc = (stale_profile(w, f, names, pool, at_s, factor, cfg) if kind == "stale"
-               else pool_loss(w, f, names, pool, at_s, cfg))
-    except (SimError, ValueError) as exc:
-        _fail(str(exc))
-    sys.stdout.write(json.dumps(doc, indent=1, default=str) + "\n")
+    with json_stdout(indent=1) as emit:
+        try:
+            w, f, _ = prepare(workload, fleet, load, seed, max_requests)
+            cfg = SimConfig(seed=seed or 0, sample_s=10.0)
+            names = parse_policies(policy)
+            doc = (stale_profile(w, f, names, pool, at_s, factor, cfg) if kind == "stale"
+                   else pool_loss(w, f, names, pool, at_s, cfg))
+        except (SimError, ValueError) as exc:
+            _fail(str(exc))
+        emit(doc)
 
 
 @sim_app.command("bench")
@@ -153,12 +158,13 @@ def bench(
     from phaseroute.sim.bench import run_bench
     from phaseroute.sim.runner import parse_policies
 
-    try:
-        doc = run_bench(workload, fleet, parse_policies(policy), max_requests, seed,
-                        log=lambda m: typer.echo(m, err=True))
-    except (SimError, ValueError) as exc:
-        _fail(str(exc))
-    _emit(doc, as_json, lambda d: typer.echo(json.dumps(d, indent=1)))
+    with json_stdout(as_json, indent=1) as emit:
+        try:
+            doc = run_bench(workload, fleet, parse_policies(policy), max_requests, seed,
+                            log=lambda m: typer.echo(m, err=True))
+        except (SimError, ValueError) as exc:
+            _fail(str(exc))
+        _emit(doc, as_json, lambda d: typer.echo(json.dumps(d, indent=1)), emit)
 
 
 @sim_app.command("calibrate")
@@ -169,12 +175,13 @@ def calibrate(
     from phaseroute.sim.calibrate import calibrate as fit
     from phaseroute.sim.calibrate import load_points
 
-    try:
-        acc, model, tp, pts = load_points(points)
-        doc = fit(acc, model, tp, pts)
-    except (SimError, ValueError) as exc:
-        _fail(str(exc))
-    sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    with json_stdout(indent=1) as emit:
+        try:
+            acc, model, tp, pts = load_points(points)
+            doc = fit(acc, model, tp, pts)
+        except (SimError, ValueError) as exc:
+            _fail(str(exc))
+        emit(doc)
 
 
 @plan_app.callback()
@@ -198,16 +205,17 @@ def plan(
     from phaseroute.sim.planner import plan as run_plan
     from phaseroute.sim.workload import build_workload, load_workload_spec
 
-    try:
-        spec = load_workload_spec(workload)
-        spec = replace(spec, replicate=replicate or spec.replicate, speedup=speedup or spec.speedup,
-                       max_requests=max_requests if max_requests is not None else spec.max_requests, load=None)
-        w = build_workload(spec)
-        doc = run_plan(w, catalogue, PlanOptions(max_types=max_types, target_miss_rate=target_miss, confirm=confirm,
-                                                 policy=policy, seed=seed))
-    except (SimError, ValueError) as exc:
-        _fail(str(exc))
-    _emit(doc, as_json, _print_plan)
+    with json_stdout(as_json, indent=1) as emit:  # HiGHS writes its solver log to fd 1: it lands on stderr
+        try:
+            spec = load_workload_spec(workload)
+            spec = replace(spec, replicate=replicate or spec.replicate, speedup=speedup or spec.speedup,
+                           max_requests=max_requests if max_requests is not None else spec.max_requests, load=None)
+            w = build_workload(spec)
+            doc = run_plan(w, catalogue, PlanOptions(max_types=max_types, target_miss_rate=target_miss, confirm=confirm,
+                                                     policy=policy, seed=seed))
+        except (SimError, ValueError) as exc:
+            _fail(str(exc))
+        _emit(doc, as_json, _print_plan, emit)
 
 
 def _print_plan(doc: dict) -> None:

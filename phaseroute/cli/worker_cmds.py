@@ -1,4 +1,5 @@
-"""``phaseroute worker`` and ``phaseroute sink``: the data-plane processes."""
+"""``phaseroute worker`` and ``phaseroute sink``: the data-plane processes (each runs until SIGTERM
+and records itself in the run dir, so ``phaseroute down`` stops it also when started by hand)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import logging
 
 import typer
 
-from phaseroute.cli.common import console, current_settings, errors_as_messages
+from phaseroute.cli.common import console, current_settings, errors_as_messages, long_running
 
 
+@long_running(lambda kw: f"worker-{kw['pool']}-{kw['phase']}")
 def worker(
     pool: str = typer.Option(..., "--pool", help="Pool this worker serves (its topics are prefill.POOL / decode.POOL)."),
     phase: str = typer.Option(..., "--phase", help="prefill, decode, or both (colocated)."),
@@ -43,7 +45,11 @@ def worker(
     run(loop, heartbeat)
 
 
-def sink(kind: str = typer.Argument(..., help="results or telemetry")) -> None:
+@long_running(lambda kw: f"sink-{kw['kind']}")
+def sink(
+    kind: str = typer.Argument(..., help="results or telemetry"),
+    group_suffix: str = typer.Option("", "--group-suffix", hidden=True, help="Tests: a consumer group of their own."),
+) -> None:
     """Run the result sink (per-job output files) or the telemetry sink (ClickHouse) until SIGTERM."""
     from phaseroute.consumers.worker import build_result_sink, build_telemetry_sink, run
     from phaseroute.infra.clickhouse import ClickHouseLockedError
@@ -55,34 +61,5 @@ def sink(kind: str = typer.Argument(..., help="results or telemetry")) -> None:
         console.print(f"[red]error:[/] sink {kind!r} must be one of {sorted(builders)}")
         raise typer.Exit(2)
     with errors_as_messages(ClickHouseLockedError):
-        loop = builders[kind](settings)
+        loop = builders[kind](settings, group_suffix)
     run(loop, None)
-
-
-def query(
-    sql: str = typer.Argument(..., help="A read-only statement (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-) -> None:
-    """Query the telemetry in ClickHouse (the telemetry service's chdb, or the server)."""
-    import json
-
-    from rich.table import Table
-
-    from phaseroute.consumers.query_server import QueryError, remote_query, run_query
-    from phaseroute.infra.clickhouse import connect
-
-    settings = current_settings()
-    with errors_as_messages(QueryError):
-        if settings.clickhouse_url:
-            answer = run_query(connect(settings), sql)
-        else:
-            answer = remote_query(settings.telemetry_port, sql)
-    if as_json:
-        print(json.dumps(answer, default=str))
-        return
-    table = Table(*answer["columns"])
-    for row in answer["rows"]:
-        table.add_row(*(str(v) for v in row))
-    from rich.console import Console
-
-    Console().print(table)

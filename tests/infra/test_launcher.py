@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -35,12 +36,19 @@ def test_too_old_java_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         kafka_launcher.check_toolchain()
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return int(sock.getsockname()[1])
+
+
 @pytest.mark.slow
 def test_up_answers_and_down_leaves_no_process(tmp_path: Path) -> None:
-    """A second broker on other ports, in a state directory of this test's own."""
+    """A second broker on free ports, in a state directory of this test's own."""
+    port, controller_port = free_port(), free_port()
     env = {
-        **os.environ, "PHASEROUTE_HOME": str(tmp_path), "PHASEROUTE_KAFKA_PORT": "19092",
-        "PHASEROUTE_KAFKA_CONTROLLER_PORT": "19093", "PHASEROUTE_KAFKA_HEAP": "256m",
+        **os.environ, "PHASEROUTE_HOME": str(tmp_path), "PHASEROUTE_KAFKA_PORT": str(port),
+        "PHASEROUTE_KAFKA_CONTROLLER_PORT": str(controller_port), "PHASEROUTE_KAFKA_HEAP": "256m",
     }
     env.pop("PHASEROUTE_BOOTSTRAP_SERVERS", None)
     cli = [sys.executable, "-m", "phaseroute.cli.main"]
@@ -50,15 +58,60 @@ def test_up_answers_and_down_leaves_no_process(tmp_path: Path) -> None:
     pid = processes.alive_pid(tmp_path / "run", "kafka")
     assert pid is not None
     try:
-        assert kafka_launcher.broker_answers("localhost:19092")
+        assert kafka_launcher.broker_answers(f"localhost:{port}")
         topics = subprocess.run([*cli, "topics", "--json"], env=env, capture_output=True, text=True, timeout=60)
         assert topics.returncode == 0, topics.stderr
         assert '"topic": "jobs.state"' in topics.stdout and '"status": "ok"' in topics.stdout
         print(f"up answered after {time.monotonic() - started:.1f} s (includes jar resolution from ~/.m2)")
+        meta = sorted((tmp_path / "kafka").glob("*/data/meta.properties"))
+        cluster_before = [p.read_text() for p in meta]
+        assert cluster_before and "cluster.id=" in cluster_before[0]
+        restart = subprocess.run([*cli, "restart", "kafka"], env=env, capture_output=True, text=True, timeout=240)
+        assert restart.returncode == 0, restart.stderr
+        assert "Kafka stopped on SIGTERM" in restart.stderr and "answers on" in restart.stderr
+        new_pid = processes.alive_pid(tmp_path / "run", "kafka")
+        assert new_pid is not None and new_pid != pid and processes.wait_gone(pid, 10)
+        assert [p.read_text() for p in (tmp_path / "kafka").glob("*/data/meta.properties")] == cluster_before
+        again = subprocess.run([*cli, "topics", "--json", "--check", "jobs.state"], env=env, capture_output=True, text=True, timeout=60)
+        assert again.returncode == 0 and '"status": "ok"' in again.stdout, again.stderr  # same data after the restart
+        unknown = subprocess.run([*cli, "restart", "no-such-process"], env=env, capture_output=True, text=True, timeout=60)
+        assert unknown.returncode == 1 and "no process named 'no-such-process' is recorded" in unknown.stderr
+        pid = new_pid
     finally:
         down = subprocess.run([*cli, "down"], env=env, capture_output=True, text=True, timeout=60)
     assert down.returncode == 0, down.stderr
     assert processes.wait_gone(pid, 10)
     ours = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
     assert ours == [], f"processes left behind: {[p.info['cmdline'][:3] for p in ours]}"
-    assert not kafka_launcher.broker_answers("localhost:19092", timeout_s=1)
+    assert not kafka_launcher.broker_answers(f"localhost:{port}", timeout_s=1)
+
+
+def test_cluster_ids_never_start_with_a_dash_over_many_draws() -> None:
+    """`kafka-storage format -t -xyz...` stops with "expected one argument": about 1 random id in
+    64 starts with '-'. Every id handed out is 22 URL-safe base64 characters of 16 bytes, never
+    '-'-led, and the rejected draws really happened (so the test saw the case it guards)."""
+    import base64
+    import uuid
+
+    draws: list[uuid.UUID] = []
+
+    def counted() -> uuid.UUID:
+        draws.append(uuid.uuid4())
+        return draws[-1]
+
+    ids = [kafka_launcher.new_cluster_id(counted) for _ in range(10_000)]
+    assert not [i for i in ids if i.startswith("-")]
+    assert {len(i) for i in ids} == {22}
+    assert all(len(base64.urlsafe_b64decode(i + "==")) == 16 for i in ids[:500])
+    redrawn = len(draws) - len(ids)
+    assert 50 <= redrawn <= 320, f"{redrawn} of {len(draws)} draws started with '-' (expected about 1 in 64)"
+
+
+def test_a_dash_led_draw_is_drawn_again() -> None:
+    import uuid
+
+    dash_led = uuid.UUID(bytes=bytes([0xF8]) + bytes(range(15)))  # base64 of 0xF8.. starts with '-'
+    fine = uuid.UUID(bytes=bytes(range(1, 17)))
+    queue = [dash_led, uuid.UUID(int=0), fine]
+    assert kafka_launcher.new_cluster_id(lambda: queue.pop(0)) == "AQIDBAUGBwgJCgsMDQ4PEA"
+    assert queue == []

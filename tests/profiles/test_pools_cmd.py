@@ -3,6 +3,7 @@ consumer group committed here, throughput from telemetry produced here (test top
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -51,17 +52,20 @@ def fleet(bootstrap: str, make_topic: Callable[..., str]) -> Iterator[dict[str, 
     hb_topic, tel_topic = make_topic("heartbeat"), make_topic("telemetry")
     now = time.time()
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "partitioner": "murmur2_random"})
+    refused: list[str] = []
+    produce = functools.partial(  # every record's delivery is checked
+        producer.produce, on_delivery=lambda err, msg: refused.append(f"{msg.topic()}: {err}") if err else None)
     for partition, count in ((0, 5), (1, 3)):
         for i in range(count):
-            producer.produce(work, value=b"queued", key=f"r{i}", partition=partition)
+            produce(work, value=b"queued", key=f"r{i}", partition=partition)
     beats = [_heartbeat(p, "p-w1", "PREFILL", 1, now), _heartbeat(p, "p-w2", "PREFILL", 24, now),
              _heartbeat(p, "p-w2", "PREFILL", 20, now), _heartbeat(q, "q-w3", "DECODE", 30, now, interval_s=5.0),
              _heartbeat(q, "q-w4", "DECODE", 2, now, status="DOWN")]
     for hb in beats:
-        producer.produce(hb_topic, key=hb["worker_id"], value=serde.encode("pool_heartbeat", hb))
+        produce(hb_topic, key=hb["worker_id"], value=serde.encode("pool_heartbeat", hb))
     for n, (age, status) in enumerate(((10, "OK"), (30, "OK"), (5, "ERROR"), (100, "OK"))):
-        producer.produce(tel_topic, key=p, value=serde.encode("phase_telemetry", _telemetry(p, "p-w1", n, age, now, status)))
-    assert producer.flush(30) == 0
+        produce(tel_topic, key=p, value=serde.encode("phase_telemetry", _telemetry(p, "p-w1", n, age, now, status)))
+    assert producer.flush(30) == 0 and refused == []
     group = f"phaseroute.prefill.{p}"
     committer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
     committer.commit(offsets=[TopicPartition(work, 0, 2)], asynchronous=False)
@@ -99,3 +103,58 @@ def test_pools_json_command(bootstrap: str, fleet: dict[str, Any]) -> None:
     answer = json.loads(result.stdout)
     assert answer["window_s"] == 60.0
     _check(answer["pools"], fleet)
+
+
+@pytest.fixture()
+def earlier_stack(bootstrap: str) -> Iterator[dict[str, str]]:
+    """Pool H of an earlier stack: work topics and a decode group that committed, no heartbeat;
+    pool T: work topics only."""
+    h, t = f"zh{uuid.uuid4().hex[:8]}", f"zt{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    made = [f"{kind}.{pool}" for pool in (h, t) for kind in ("prefill", "decode")]
+    for future in admin.create_topics([NewTopic(name, 1, 1) for name in made]).values():
+        future.result(timeout=30)
+    group = f"phaseroute.decode.{h}"
+    committer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    committer.commit(offsets=[TopicPartition(f"decode.{h}", 0, 0)], asynchronous=False)
+    committer.close()
+    yield {"h": h, "t": t}
+    for future in admin.delete_topics(made).values():
+        future.result(timeout=30)
+    admin.delete_consumer_groups([group])[group].result(timeout=30)
+
+
+def test_pools_of_earlier_stacks_show_only_with_all(bootstrap: str, fleet: dict[str, Any], earlier_stack: dict[str, str]) -> None:
+    src = Sources(bootstrap, fleet["hb"], fleet["tel"])
+    names = [fleet["p"], fleet["q"], earlier_stack["h"], earlier_stack["t"]]
+    now_only = collect(src, time.time(), 60.0, names)
+    assert {(r["pool"], r["phase"], r["state"]) for r in now_only} == {
+        (fleet["p"], "prefill", "alive"), (fleet["q"], "decode", "dead")}
+    with_history = collect(src, time.time(), 60.0, names, history=True)
+    assert {(r["pool"], r["phase"], r["state"]) for r in with_history} == {
+        (fleet["p"], "prefill", "alive"), (fleet["q"], "decode", "dead"),
+        (earlier_stack["h"], "decode", "history"),  # the phase its group ran, no placeholder prefill row
+        (earlier_stack["t"], None, "history")}  # topics alone do not say which phases it ran
+
+
+def test_a_pool_up_started_shows_its_own_phase_before_its_first_heartbeat(bootstrap: str, fleet: dict[str, Any]) -> None:
+    from phaseroute.infra.pool_spec import PoolSpec
+
+    src = Sources(bootstrap, fleet["hb"], fleet["tel"])
+    new = f"zn{uuid.uuid4().hex[:8]}"
+    recorded = [PoolSpec(new, "both", "fp32"), PoolSpec(fleet["p"], "prefill", "fp32")]
+    starting = collect(src, time.time(), 60.0, [new, fleet["p"]], recorded=recorded, running={f"worker-{new}-0": 1})
+    assert [(r["pool"], r["phase"], r["state"], r["workers_alive"]) for r in starting] == [
+        (new, "both", "starting", 0), (fleet["p"], "prefill", "alive", 1)]  # heartbeats win over the record
+    gone = collect(src, time.time(), 60.0, [new], recorded=recorded, running={})
+    assert [(r["pool"], r["state"]) for r in gone] == [(new, "dead")]
+
+
+def test_pools_table_says_when_no_pool_runs(bootstrap: str, fleet: dict[str, Any], tmp_path: Any) -> None:
+    app = typer.Typer()
+    app.command("pools")(pools)
+    app.command("other")(lambda: None)
+    args = ["pools", "--pool", "zz-no-such-pool", "--heartbeat-topic", fleet["hb"], "--telemetry-topic", fleet["tel"]]
+    result = CliRunner().invoke(app, args, env={"PHASEROUTE_BOOTSTRAP_SERVERS": bootstrap, "PHASEROUTE_HOME": str(tmp_path)})
+    assert result.exit_code == 0, result.output
+    assert "no pool runs now (`--all` also shows the pools of earlier stacks)" in result.output

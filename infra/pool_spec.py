@@ -1,0 +1,109 @@
+"""Pool specs: which pools a stack runs, each with its phase, engine variant, threads and workers.
+
+One grammar, used by ``phaseroute up --pools``, its help, its errors and the README::
+
+    NAME=PHASE:VARIANT[:THREADS][xWORKERS],...
+    prefill-fp32=prefill:fp32,decode-int8=decode:int8-dynamic:2,colo-fp32=both:fp32x2
+
+PHASE is prefill, decode or both (colocated); VARIANT one of the engine's variants; THREADS the
+torch threads of each worker (default 1); WORKERS how many workers the pool starts (default 1).
+A YAML file with the same fields per pool name works too::
+
+    colo-fp32: {phase: both, variant: fp32, threads: 1, workers: 2}
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from phaseroute.infra import topics
+
+PHASES = ("prefill", "decode", "both")
+POOL_SPEC_FORM = "NAME=PHASE:VARIANT[:THREADS][xWORKERS]"
+POOL_SPEC_EXAMPLE = "prefill-fp32=prefill:fp32,decode-int8=decode:int8-dynamic:2,colo-fp32=both:fp32x2"
+_ONE_POOL = re.compile(r"^(?P<name>[^=\s]+)=(?P<phase>[a-z]+):(?P<variant>[a-z0-9-]+?)(?::(?P<threads>\d+))?(?:x(?P<workers>\d+))?$")
+
+
+def _variants() -> tuple[str, ...]:
+    from phaseroute.engine.variants import VARIANTS  # plain data: no torch import
+
+    return tuple(VARIANTS)
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """One pool of a stack: its workers all run ``phase`` with ``variant`` on ``threads`` threads."""
+
+    name: str
+    phase: str
+    variant: str = "fp32"
+    threads: int = 1
+    workers: int = 1
+    max_decode_batch: int = 16
+
+    def __post_init__(self) -> None:
+        topics.check_pool_name(self.name)
+        if self.phase not in PHASES:
+            raise ValueError(f"pool {self.name!r}: phase {self.phase!r} must be one of {', '.join(PHASES)}")
+        if self.variant not in _variants():
+            raise ValueError(f"pool {self.name!r}: variant {self.variant!r} must be one of {', '.join(_variants())}")
+        for name in ("threads", "workers", "max_decode_batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"pool {self.name!r}: {name} {value!r} must be a whole number >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _bad(part: str, why: str) -> ValueError:
+    return ValueError(f"pool spec {part!r}: {why}; the form is {POOL_SPEC_FORM}, e.g. {POOL_SPEC_EXAMPLE}")
+
+
+def parse_one(part: str) -> PoolSpec:
+    """One ``NAME=PHASE:VARIANT[:THREADS][xWORKERS]``."""
+    match = _ONE_POOL.match(part)
+    if match is None:
+        raise _bad(part, "no '=' after the pool name" if "=" not in part else "not in that form")
+    try:
+        return PoolSpec(match["name"], match["phase"], match["variant"], int(match["threads"] or 1), int(match["workers"] or 1))
+    except ValueError as exc:
+        raise _bad(part, str(exc)) from None
+
+
+def parse_pools(spec: str) -> list[PoolSpec]:
+    """Pools from ``NAME=PHASE:VARIANT[:THREADS][xWORKERS],...`` or from a YAML file path."""
+    path = Path(spec)
+    if path.suffix in (".yaml", ".yml", ".json"):
+        if not path.exists():
+            raise ValueError(f"pool file {spec!r} does not exist")
+        return _from_file(path)
+    pools = [parse_one(p) for p in (p.strip() for p in spec.split(",")) if p]
+    if not pools:
+        raise ValueError(f"pool spec {spec!r} names no pool; the form is {POOL_SPEC_FORM}, e.g. {POOL_SPEC_EXAMPLE}")
+    names = [p.name for p in pools]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"pool spec {spec!r} names pool(s) {', '.join(twice)} more than once")
+    return pools
+
+
+def _from_file(path: Path) -> list[PoolSpec]:
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"pool file {path}: expected a mapping of pool name -> {{phase, variant, threads, workers}}")
+    allowed = {f.name for f in fields(PoolSpec)} - {"name"}
+    pools = []
+    for name, given in data.items():
+        if not isinstance(given, dict):
+            raise ValueError(f"pool file {path}: pool {name!r} must map to fields {sorted(allowed)}, got {given!r}")
+        unknown = sorted(set(given) - allowed)
+        if unknown:
+            raise ValueError(f"pool file {path}: pool {name!r} has unknown field(s) {unknown}; known: {sorted(allowed)}")
+        pools.append(PoolSpec(str(name), **given))
+    return pools

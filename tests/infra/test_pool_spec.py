@@ -1,0 +1,88 @@
+"""One pool-spec grammar: the parser, `up --help`, its errors and the README's examples agree."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from phaseroute.cli.main import app
+from phaseroute.infra.pool_spec import POOL_SPEC_EXAMPLE, POOL_SPEC_FORM, PoolSpec, parse_pools
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("p=prefill:fp32", PoolSpec("p", "prefill", "fp32", 1, 1)),
+    ("d=decode:int8-dynamic:2", PoolSpec("d", "decode", "int8-dynamic", 2, 1)),
+    ("c=both:fp32x2", PoolSpec("c", "both", "fp32", 1, 2)),
+    ("c=both:fp32:1x2", PoolSpec("c", "both", "fp32", 1, 2)),
+    ("w=both:int8-weight:3x4", PoolSpec("w", "both", "int8-weight", 3, 4)),
+])
+def test_every_part_of_the_form_parses(spec: str, expected: PoolSpec) -> None:
+    assert parse_pools(spec) == [expected]
+
+
+def test_the_example_parses() -> None:
+    assert [p.name for p in parse_pools(POOL_SPEC_EXAMPLE)] == ["prefill-fp32", "decode-int8", "colo-fp32"]
+
+
+@pytest.mark.parametrize(("spec", "names"), [
+    ("colo", "no '=' after the pool name"),
+    ("colo=both", "not in that form"),
+    ("colo=both:fp32:", "not in that form"),
+    ("colo=both:fp32x", "variant 'fp32x' must be one of"),
+    ("colo=both:fp32:2x", "not in that form"),
+    ("colo=colocated:fp32", "phase 'colocated' must be one of prefill, decode, both"),
+    ("colo=both:fp16", "variant 'fp16' must be one of fp32, bf16, int8-dynamic, int8-weight"),
+    ("colo=both:fp32:0", "threads 0 must be a whole number >= 1"),
+    ("colo=both:fp32x0", "workers 0 must be a whole number >= 1"),
+    ("Colo=both:fp32", "pool name 'Colo' must match"),
+])
+def test_a_bad_spec_names_the_part_and_shows_the_form(spec: str, names: str) -> None:
+    with pytest.raises(ValueError) as err:
+        parse_pools(spec)
+    assert names in str(err.value)
+    assert f"pool spec {spec!r}" in str(err.value) and POOL_SPEC_FORM in str(err.value)
+
+
+def test_a_pool_named_twice_or_none_is_an_error() -> None:
+    with pytest.raises(ValueError, match="names pool\\(s\\) a more than once"):
+        parse_pools("a=both:fp32,a=decode:fp32")
+    with pytest.raises(ValueError, match="names no pool"):
+        parse_pools(" , ")
+
+
+def test_yaml_pools_with_the_same_fields(tmp_path: Path) -> None:
+    good = tmp_path / "pools.yaml"
+    good.write_text("colo: {phase: both, variant: fp32, threads: 2, workers: 3}\n")
+    assert parse_pools(str(good)) == [PoolSpec("colo", "both", "fp32", 2, 3)]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("colo: {phase: both, variant: fp32, thread: 2}\n")
+    with pytest.raises(ValueError, match=r"pool 'colo' has unknown field\(s\) \['thread'\]"):
+        parse_pools(str(bad))
+    with pytest.raises(ValueError, match="does not exist"):
+        parse_pools(str(tmp_path / "missing.yaml"))
+
+
+def test_up_help_shows_the_form_the_parser_reads() -> None:
+    result = CliRunner().invoke(app, ["up", "--help"], env={"COLUMNS": "400"}, terminal_width=400)
+    assert result.exit_code == 0
+    assert POOL_SPEC_FORM in result.output and POOL_SPEC_EXAMPLE in result.output
+
+
+def test_up_refuses_a_bad_spec_before_starting_anything(tmp_path: Path) -> None:
+    env = {"PHASEROUTE_HOME": str(tmp_path), "PHASEROUTE_BOOTSTRAP_SERVERS": "localhost:1", "COLUMNS": "400"}
+    result = CliRunner().invoke(app, ["up", "--pools", "colo=both:fp32x"], env=env)
+    assert result.exit_code == 1
+    assert POOL_SPEC_FORM in result.output and "'colo=both:fp32x'" in result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_pools_example_in_the_readme_parses() -> None:
+    examples = re.findall(r'--pools "([^"]+)"', README.read_text())
+    assert examples, "the README shows no `up --pools` example"
+    for example in examples:
+        assert parse_pools(example), example
