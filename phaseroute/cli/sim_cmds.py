@@ -19,6 +19,8 @@ from collections.abc import Callable
 
 import typer
 
+from phaseroute.cli.fuzz_cmd import fuzz
+
 from phaseroute.cli.common import json_stdout
 from phaseroute.sim.errors import SimError
 
@@ -143,6 +145,9 @@ def scenario(
         except (SimError, ValueError) as exc:
             _fail(str(exc))
         emit(doc)
+
+
+sim_app.command("fuzz")(fuzz)
 
 
 @sim_app.command("bench")

@@ -79,9 +79,11 @@ def fair_share(core: ControlCore, before: tuple[TenantReport, ...]) -> None:
     """``before``: the fair scheduler's report at the start of the tick just run."""
     fair = core.dispatch.fair
     after = {r.tenant: r for r in fair.report()}
-    # waited: backlogged and under its cap all through the tick (one that reached its cap was served)
-    waiting = [r for r in before if r.queued_requests > 0 and r.in_flight < r.max_in_flight
-               and after[r.tenant].queued_requests > 0 and after[r.tenant].in_flight < r.max_in_flight]
+    # waited: backlogged and under its cap all through the tick, even counting what it was released
+    # (a release given back because no pool could place it still took the tenant's slot then)
+    released = core.dispatch.released
+    waiting = [r for r in before if r.queued_requests > 0 and after[r.tenant].queued_requests > 0
+               and r.in_flight + released.get(r.tenant, 0) < r.max_in_flight]
     bound = fair.fairness_bound()
     for r in before:
         served = after[r.tenant].served_cost > r.served_cost + 1e-6

@@ -78,6 +78,7 @@ class Dispatcher:
         self.backoff: list[tuple[float, int, str]] = []  # (retry_at, seq, request)
         self.stragglers: list[tuple[float, int, str, int, Phase]] = []  # (check at, seq, request, attempt, phase)
         self._seq = 0
+        self.released: dict[str, int] = {}
         # a speculative copy goes to another pool or nowhere (never back where the request runs)
         self._copy_router = replace(config.router, relax_avoid_when_empty=False)
 
@@ -205,10 +206,13 @@ class Dispatcher:
     def release(self, now: float) -> list[Decision]:
         """The fair scheduler releases up to the free slots; the router places each release."""
         free = self.fleet.free_slots(now, self.config.slots_per_worker)
+        self.released = {}  # tenant -> requests the fair scheduler released this tick (also those given back)
         if free <= 0:
             return []
         out: list[Decision] = []
         for release in self.fair.schedule(FreeCapacity(free), now, self.fleet_cost_per_s).releases:
+            tenant = release.request.tenant
+            self.released[tenant] = self.released.get(tenant, 0) + 1
             state = self.requests.get(release.request.request_id)
             if state is None or state.status is not RequestStatus.QUEUED:
                 self.fair.unrelease(release.request.request_id)  # it ended while it waited
