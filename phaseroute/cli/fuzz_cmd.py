@@ -1,4 +1,5 @@
-"""``phaseroute sim fuzz``: deterministic simulation testing of the control core over many seeds.
+"""``phaseroute sim fuzz`` (deterministic simulation testing of the control core over many seeds)
+and ``phaseroute sim tick-bench`` (what one tick of the core costs with many requests waiting).
 
 Each seed is a whole test case (jobs, fleet, faults, restarts); a failing seed prints the
 invariant it broke and the shortest event log that reproduces it (``phaseroute.sim.dst``).
@@ -43,3 +44,21 @@ def fuzz(
                    f"{doc['restarts']} restarts) in {doc['wall_s']} s", err=True)
     if failures:
         raise typer.Exit(1)
+
+
+def tick_bench(
+    queued: int = typer.Option(100_000, "--queued", help="Requests waiting in the fair queues."),
+    ticks: int = typer.Option(1000, "--ticks", help="Ticks timed."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+) -> None:
+    """Time the control core's tick with QUEUED requests waiting, and with 1,000 (a fake fleet)."""
+    from phaseroute.sim.tick_bench import bench
+
+    doc = bench(queued, ticks)
+    if as_json:
+        print(json.dumps(doc, indent=2))
+        return
+    for name, row in (("queued", doc["queued"]), ("1,000 queued", doc["thousand_queued"])):
+        typer.echo(f"{row['queued_at_start']:>7} waiting: tick p50 {row['tick_ms_p50']} ms, p99 {row['tick_ms_p99']} ms "
+                   f"(outside the router p99 {row['outside_router_ms_p99']} ms; {row['dispatches_per_tick']} "
+                   f"dispatches per tick at {row['router_us_per_dispatch']} us each)")

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import typer
 
-from phaseroute.cli.fuzz_cmd import fuzz
+from phaseroute.cli.fuzz_cmd import fuzz, tick_bench
 
 from phaseroute.cli.common import json_stdout
 from phaseroute.sim.errors import SimError
@@ -148,6 +148,7 @@ def scenario(
 
 
 sim_app.command("fuzz")(fuzz)
+sim_app.command("tick-bench")(tick_bench)
 
 
 @sim_app.command("bench")

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from phaseroute.schemas.enums import JobEventKind, JobState
-from phaseroute.streams.policy import Phase, fleet_tokens_per_s
+from phaseroute.streams.policy import Phase, RequestWork, fleet_tokens_per_s
 
 from . import recovery
 from .config import CoreConfig
@@ -60,7 +60,10 @@ class ControlCore:
         try:
             out = self._handlers[type(event)](event, now)
         except Exception as exc:  # one bad event must not stop the control plane
-            out = [Problem(type(event).__name__, f"{type(exc).__name__}: {exc}", event)]
+            reason = f"{type(exc).__name__}: {exc}"
+            out = [Problem(type(event).__name__, reason, event)]
+            if isinstance(event, RequestQueued):
+                out += self._quarantine(event, reason, now)
         self._flush()
         return out
 
@@ -92,6 +95,22 @@ class ControlCore:
         job_open = job is None or not job.state.is_finished
         return self._closing(self.dispatch.queue(ev, now, job_open))
 
+    def _quarantine(self, ev: RequestQueued, reason: str, now: float) -> list[Decision]:
+        """An admitted request whose arrival could not be handled still needs its one line: it
+        ends failing, with the reason (its job then finishes instead of waiting for it forever)."""
+        try:
+            if ev.request_id in self.dispatch.requests:
+                state = self.dispatch.requests[ev.request_id]
+            else:
+                work = RequestWork(ev.request_id, ev.job_id, ev.tenant, ev.model, max(ev.prompt_tokens, 1),
+                                   max(ev.max_tokens, 1), ev.deadline, ev.quality_tier)
+                state = RequestState(work, ev.custom_id, ev.priority)
+                self.dispatch.add(state)
+            return self._closing(self.dispatch.fail(state, f"the control plane could not take this request: {reason}",
+                                                    "internal_error", now))
+        except Exception as exc:
+            return [Problem("RequestQueued", f"and failing it raised {type(exc).__name__}: {exc}", ev)]
+
     def _kv_ready(self, ev: KvReady, now: float) -> list[Decision]:
         self.dispatch.kv_ready(ev, now)
         return []
@@ -109,7 +128,22 @@ class ControlCore:
         return self._closing(self.dispatch.attempt_failed(ev, now))
 
     def _output_written(self, ev: OutputWritten, now: float) -> list[Decision]:
+        self._reconcile(ev.job_id, ev.lines)
         return self.jobs.on_output_written(ev.job_id, ev.lines, now) + self._forget_if_whole(ev.job_id)
+
+    def _reconcile(self, job_id: str, lines: int) -> None:
+        """The sink wrote more lines than the job counted results (a result whose handling broke
+        half-way): recount from the requests' own states, which are the truth."""
+        job = self.jobs.jobs.get(job_id)
+        ids = self.dispatch.by_job.get(job_id)
+        if job is None or not ids or lines <= job.finished_requests:
+            return
+        states = [self.dispatch.requests[rid].status for rid in ids]
+        done = sum(s is RequestStatus.DONE for s in states)
+        failed = sum(s is RequestStatus.FAILED for s in states)
+        if done + failed > job.finished_requests:
+            job.done, job.failed = done, failed
+            self.jobs.dirty.add(job_id)
 
     def _cancel(self, ev: CancelRequested, now: float) -> list[Decision]:
         job = self.jobs.cancel(ev.job_id, ev.tenant, ev.reason, now)

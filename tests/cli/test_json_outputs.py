@@ -46,6 +46,7 @@ CASES: dict[str, Case] = {
                  "--max-requests", "300", "--json")),
     "sim bench": Case(("sim", "bench", "--max-requests", "3000", "--json")),
     "sim fuzz": Case(("sim", "fuzz", "--seeds", "1", "--jobs", "3", "--json")),
+    "sim tick-bench": Case(("sim", "tick-bench", "--queued", "2000", "--ticks", "20", "--json")),
     "plan": Case(("plan", "--workload", "azure-mixed", "--catalogue", "cloud", "--max-requests", "300",
                   "--confirm", "1", "--json")),
     "bench engine": Case(("bench", "engine", "--prompts", "8", "--threads", "1", "--json"), "model"),
