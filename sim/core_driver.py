@@ -100,7 +100,7 @@ class CoreDriver:
                                **self.opt.fair})
         config = CoreConfig(models=models, router=self.opt.router, fair=fair, retry=self.opt.retry,
                             admission=replace(self.opt.admission, default_quota=self.opt.quota), **self.opt.core)
-        self.core = ControlCore(config, self.opt.store, seed=sim.cfg.seed * 7919 + 1)
+        self.core = self.make_core(config, seed=sim.cfg.seed * 7919 + 1)
         self.tick_s = config.tick_s
         self.rid: list[str] = [""] * w.n_requests  # row -> request id (twin rows appended)
         self.row_of: dict[str, int] = {}         # request id -> its original row
@@ -120,6 +120,9 @@ class CoreDriver:
         self.table = P.ProfileTable.from_rows(rows)
         self._heartbeat(0.0)
         self._feed(self.core.handle(ProfilesUpdated(self.table), 0.0), 0.0)
+
+    def make_core(self, config: CoreConfig, seed: int) -> ControlCore:
+        return ControlCore(config, self.opt.store, seed=seed)
 
     # ------------------------------------------------------------------ the fleet as heartbeats report it
     def _heartbeat(self, now: float) -> None:
