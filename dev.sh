@@ -2,7 +2,8 @@
 # The two commands of the README, each doing its own set-up on a fresh machine
 # (Python 3.11, Java 17, Maven):
 #   ./dev.sh demo [ARGS...]   set up, then run the main job: `phaseroute demo`
-#   ./dev.sh test [PYTEST...] set up, start Kafka, run the whole test suite, stop Kafka
+#   ./dev.sh test [PYTEST...] set up, lint (ruff) and type-check (mypy), start Kafka, run the
+#                             whole test suite, stop Kafka
 # Set-up = a virtualenv in .venv with the pinned dependencies (requirements.lock) and
 # phaseroute installed editable; redone only when pyproject.toml or the lock changes. It is
 # quiet (pip's output goes to .venv/install.log) and ends with one line saying what it installed.
@@ -54,6 +55,19 @@ install_failed() {
   exit 1
 }
 
+# ruff over the tree; mypy strict on the control core and the policy (pyproject's [tool.mypy]).
+# mypy cannot follow setuptools' package-dir mapping, so it reads a tree of symlinks that has the
+# installed layout (phaseroute/streams -> streams, ...).
+lint() {
+  local tree=.venv/typecheck room
+  .venv/bin/ruff check --quiet . || die "ruff found problems (above); \`.venv/bin/ruff check --fix .\` fixes some"
+  rm -rf "$tree" && mkdir -p "$tree/phaseroute"
+  for room in phaseroute/*; do ln -s "$PWD/$room" "$tree/phaseroute/"; done
+  for room in streams consumers schemas engine infra sim; do ln -s "$PWD/$room" "$tree/phaseroute/$room"; done
+  (cd "$tree" && MYPYPATH="$PWD" "$OLDPWD/.venv/bin/mypy" --config-file "$OLDPWD/pyproject.toml" \
+     -p phaseroute.streams.core -p phaseroute.streams.policy) || die "mypy found problems (above)"
+}
+
 cmd=${1:-}
 [ -n "$cmd" ] || die "usage: ./dev.sh demo|test [ARGS...]"
 shift
@@ -64,6 +78,7 @@ case "$cmd" in
     ;;
   test)
     setup
+    lint
     # starts the local broker, or only provisions topics when PHASEROUTE_BOOTSTRAP_SERVERS
     # names a cluster; `down` stops exactly what `up` started
     trap '.venv/bin/phaseroute down' EXIT

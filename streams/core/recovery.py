@@ -71,7 +71,8 @@ def _running(d: Dispatcher, state: RequestState) -> list[RunningAttempt]:
 
 def speculate(d: Dispatcher, now: float) -> list[Decision]:
     """Pop the attempts due for a look; copy the stragglers, look again later at the others."""
-    heap, out = d.stragglers, []
+    heap = d.stragglers
+    out: list[Decision] = []
     recheck = d.config.straggler_recheck_s
     variants = {p.name: p.variant for p in d.fleet.states()}
     while heap and heap[0][0] <= now:

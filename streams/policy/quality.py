@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from phaseroute.schemas.enums import QualityAlertKind, QualityState
+from phaseroute.schemas.enums import QualityAlertKind as QualityAlertKind, QualityState as QualityState
 
 from . import _checks
 from .types import PathQuality, ProfileTable

@@ -28,7 +28,7 @@ config)`` once it acts on the decision.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from .confidence import effective_link
 from .cost_model import combine, phase_cost
@@ -99,7 +99,7 @@ def _reason(chosen: int, ranked: list[int], paths: list[PathEstimate], scores: l
     return text
 
 
-def _rank(paths: list[PathEstimate], scores: list[float], totals: list[float], model: str,
+def _rank(paths: list[PathEstimate], scores: list[float], totals: Sequence[float], model: str,
           state: RouterState) -> list[int]:
     """Path indices, best score first; equal scores (to 1e-9, so float noise cannot herd) go to
     the pool owed the most traffic share, then to the shorter estimate, then by name."""
