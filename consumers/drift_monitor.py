@@ -1,13 +1,18 @@
 """The drift monitor: canaries through every path, drift per path, quality into the profiles.
 
 Life of a canary round on one path (model M, prefill pool P, decode pool D; colocated when
-P == D), started every ``interval_s`` on every path of the live pools that has no round open:
+P == D), started when the path is due and has no round open. A new path (a new pool, or a
+pool's variant changed) is due at once; a path is due again ``interval_s`` after its last round
+while its state moves, and the wait doubles (up to ``max_interval_s``) with every round that
+leaves a HEALTHY path as it was — frequent for new or changing paths, rare for stable ones:
 
-1. ``dispatch``: each canary of M's set (``engine.canaries``) goes twice to ``prefill.P`` as real
-   ``prefill_work`` (tenant ``_canary``, ``canary`` set): GREEDY (a free greedy run) and FORCED
-   (teacher-forced on the reference tokens, the reference's top-K probed at every position).
-   A disaggregated canary names D as its decode pool, so the prefill worker, the KV store and
-   the decode worker of the production path run it; results come back on ``canary.results``.
+1. ``dispatch``: each canary of M's set (``engine.canaries``) goes twice to ``requests.pending``
+   as a request of the reserved tenant ``_canary``, pinned to the path P -> D, with its probe:
+   GREEDY (a free greedy run) and FORCED (teacher-forced on the reference tokens, the
+   reference's top-K probed at every position). The control plane's fair scheduler releases
+   canaries like any tenant's work, within a small share (``CoreConfig.canary_share``), and
+   places each on exactly its path, so the prefill worker, the KV store and the decode worker of
+   the production path run it; results come back on ``canary.results``.
 2. ``on_result``: a result joins its open round by request id.
 3. ``close_due``: once every result is in (or ``round_timeout_s`` passed), the round's drift is
    computed against the reference (``engine.drift``), the quality policy steps the path's state
@@ -32,16 +37,17 @@ from typing import Any
 from phaseroute.engine.canaries import Canary, CanarySet, load_canaries
 from phaseroute.engine.drift import DriftMetrics, aggregate, canary_drift
 from phaseroute.engine.errors import UnknownNameError
-from phaseroute.schemas.ids import attempt_id, profile_key, request_id
+from phaseroute.infra import topics
+from phaseroute.schemas.ids import CANARY_TENANT, profile_key, request_id
 from phaseroute.streams.policy import Phase, PoolState
 from phaseroute.streams.policy.quality import PathState, QualityConfig, QualityState, QualityVerdict, step
 
 log = logging.getLogger(__name__)
-CANARY_TENANT = "_canary"
-CANARY_RESULTS_TOPIC = "canary.results"
-DRIFT_TOPIC = "telemetry.drift"
-ALERTS_TOPIC = "quality.alerts"
-PROFILES_TOPIC = "profiles"
+CANARY_RESULTS_TOPIC = topics.CANARY_RESULTS
+DRIFT_TOPIC = topics.TELEMETRY_DRIFT
+ALERTS_TOPIC = topics.QUALITY_ALERTS
+PROFILES_TOPIC = topics.PROFILES
+REQUESTS_TOPIC = topics.REQUESTS_PENDING
 MODES = ("GREEDY", "FORCED")
 KEEP_CLOSED = 200  # closed rounds kept in memory (for reports and tests)
 Send = Callable[[str, str, str, dict[str, Any]], None]  # (topic, key, kind, record)
@@ -50,7 +56,9 @@ Send = Callable[[str, str, str, dict[str, Any]], None]  # (topic, key, kind, rec
 @dataclass(frozen=True)
 class MonitorConfig:
     interval_s: float = 60.0
-    """Seconds between the starts of two rounds on one path."""
+    """Seconds between the starts of two rounds on a path whose quality moves (or was never seen)..."""
+    max_interval_s: float = 960.0
+    """...doubling per round that leaves a HEALTHY path as it was, up to this."""
     round_timeout_s: float = 180.0
     """A round closes with the results it has after this long (lost canaries count as missing)."""
     canaries: int = 8
@@ -105,19 +113,19 @@ def paths_of(pools: Iterable[PoolState], models: Iterable[str]) -> list[Path]:
     return out
 
 
-def canary_work(cs: CanarySet, canary: Canary, mode: str, path: Path, job_id: str, now: float) -> dict[str, Any]:
-    """The ``prefill_work`` of one canary run on ``path``."""
+def canary_request(cs: CanarySet, canary: Canary, mode: str, path: Path, job_id: str, now: float) -> dict[str, Any]:
+    """The ``request`` (for ``requests.pending``) of one canary run pinned to ``path``."""
     rid = request_id(job_id, f"{path.label}/{canary.canary_id}/{mode}")
     forced = mode == "FORCED"
     max_tokens = len(canary.tokens) if forced else cs.max_tokens
     now_ms = int(now * 1000)
     return {
-        "attempt_id": attempt_id(rid, "prefill", 0), "request_id": rid, "job_id": job_id, "tenant": CANARY_TENANT,
-        "custom_id": f"{canary.canary_id}/{mode}", "attempt": 0, "pool": path.src, "model": path.model,
+        "request_id": rid, "job_id": job_id, "tenant": CANARY_TENANT, "custom_id": f"{canary.canary_id}/{mode}",
+        "priority": 0, "submitted_at": now_ms, "deadline": now_ms + 3_600_000, "model": path.model,
         "prompt": canary.prompt, "prompt_tokens": len(canary.prompt_ids), "max_tokens": max_tokens,
         "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": max_tokens, "seed": None, "stop": []},
-        "priority": 0, "deadline": now_ms + 3_600_000, "colocated": path.colocated,
-        "decode_pool": None if path.colocated else path.dst, "quality_tier": "EXACT", "dispatched_at": now_ms,
+        "quality_tier": "EXACT", "quality_tolerance": None, "pinned_prefill_pool": path.src,
+        "pinned_decode_pool": path.dst,
         "canary": {
             "canary_id": f"{cs.model}/{cs.version}/{canary.canary_id}", "mode": mode,
             "forced_token_ids": list(canary.tokens) if forced else [],
@@ -191,6 +199,7 @@ class DriftMonitor:
         self.states: dict[tuple[str, str, str], PathState] = {}
         self.open: dict[str, OpenRound] = {}  # request_id -> its round
         self.last_start: dict[Path, float] = {}
+        self.interval: dict[Path, float] = {}  # the wait before the path's next round (adaptive)
         self.rounds = 0
         self.run_id = uuid.uuid4().hex[:8]
         self.closed: list[tuple[OpenRound, DriftMetrics | None, QualityVerdict | None]] = []  # the latest KEEP_CLOSED
@@ -222,17 +231,18 @@ class DriftMonitor:
         started = []
         for path in paths_of(pools, {m for p in pools for m in p.models}):
             cs = self.canary_set(path.model)
-            if cs is None or path in busy or now - self.last_start.get(path, -1e18) < self.config.interval_s:
+            wait = self.interval.get(path, self.config.interval_s)
+            if cs is None or path in busy or now - self.last_start.get(path, -1e18) < wait:
                 continue
             self.rounds += 1
             job_id = f"_canary-{self.run_id}-{self.rounds}"
             rnd = OpenRound(path, self.rounds, now, {})
             for canary in cs.canaries[: self.config.canaries]:
                 for mode in MODES:
-                    work = canary_work(cs, canary, mode, path, job_id, now)
+                    work = canary_request(cs, canary, mode, path, job_id, now)
                     rnd.expected[work["request_id"]] = (canary.canary_id, mode)
                     self.open[work["request_id"]] = rnd
-                    self.send(f"prefill.{path.src}", work["request_id"], "prefill_work", work)
+                    self.send(REQUESTS_TOPIC, CANARY_TENANT, "request", work)
             self.last_start[path] = now
             started.append(rnd)
         return started
@@ -262,10 +272,15 @@ class DriftMonitor:
         if metrics is None:
             log.warning("round %d on %s: no canary came back within %.0f s", rnd.number, p.label, now - rnd.started_at)
             self.closed.append((rnd, None, None))
+            self.interval[p] = self.config.interval_s  # measure it again soon
             return
         path_key = (p.model, p.src, p.dst)
-        verdict = step(self.states.get(path_key, PathState()), metrics, self.config.quality)
+        before = self.states.get(path_key, PathState())
+        verdict = step(before, metrics, self.config.quality)
         self.states[path_key] = verdict.state
+        steady = verdict.state.state is QualityState.HEALTHY and before.state is QualityState.HEALTHY
+        wait = self.interval.get(p, self.config.interval_s)
+        self.interval[p] = min(2 * wait, self.config.max_interval_s) if steady else self.config.interval_s
         self.closed.append((rnd, metrics, verdict))
         pair_key = f"{p.model}|{p.src}|{p.dst}"
         record = drift_record(rnd, cs, metrics, verdict, received, now)
@@ -300,7 +315,7 @@ class MonitorService:
         self.producer = TrackedProducer(bootstrap, f"drift-monitor.{uuid.uuid4().hex[:6]}")
         self.monitor = DriftMonitor(config, self._send)
         self.pools = PoolView(dead_after_s=dead_after_s)
-        self.follower = TopicFollower(bootstrap, "pools.heartbeat", "pool_heartbeat", self.pools.on_record)
+        self.follower = TopicFollower(bootstrap, topics.POOLS_HEARTBEAT, "pool_heartbeat", self.pools.on_record)
         self.consumer: Any = None
 
     def _send(self, topic: str, key: str, kind: str, record: dict[str, Any]) -> None:

@@ -52,6 +52,7 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
         "request_id": REQUEST_ID, "job_id": JOB_ID, "tenant": TENANT, "custom_id": CUSTOM_ID, "priority": 1,
         "submitted_at": T0, "deadline": DEADLINE, "model": MODEL, "prompt": PROMPT, "prompt_tokens": 21,
         "max_tokens": 32, "sampling": SAMPLING, "quality_tier": "APPROXIMATE", "quality_tolerance": 0.02,
+        "pinned_prefill_pool": None, "pinned_decode_pool": None, "canary": None,
     },
     "prefill_work": {
         "attempt_id": PREFILL_ATTEMPT, "request_id": REQUEST_ID, "job_id": JOB_ID, "tenant": TENANT,

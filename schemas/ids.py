@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 
 PHASES = ("prefill", "decode")
+CANARY_TENANT = "_canary"  # the reserved tenant of the drift monitor's canaries
 ID_MAX_LENGTH = 128
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
 CUSTOM_ID_MAX_LENGTH = 512

@@ -132,6 +132,9 @@ class Request(AvroRecord):
     sampling: Sampling
     quality_tier: QualityTier = QualityTier.EXACT
     quality_tolerance: float | None = None
+    pinned_prefill_pool: str | None = None
+    pinned_decode_pool: str | None = None
+    canary: CanaryProbe | None = None
 
 
 @record

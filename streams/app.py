@@ -9,7 +9,8 @@ pure ``ControlCore`` and returns what to send):
   copies, work of dead pools placed again, expiries;
 - ``kv_ready``, ``result``, ``attempt_failed`` on ``kv.ready``, ``results``, ``attempts.failed``;
   ``output_written`` on ``results.written`` (the sink's receipts) -> completion once the output is
-  whole; ``cancel`` on ``jobs.commands``.
+  whole; ``cancel`` on ``jobs.commands``; ``canary_result`` on ``canary.results`` (the drift
+  monitor's canaries, released by the fair scheduler like any tenant's work, end there).
 Undecodable records, and records the core could not handle, go to ``deadletter`` with the
 reason; an exception in an agent or in the timer is logged and dead-lettered and the agent goes
 on (Faust would otherwise ack the event silently, or stop the app from a timer). The core's
@@ -57,6 +58,7 @@ _INPUTS = (
     (topics.REQUESTS_PENDING, "request", "pending"), (topics.KV_READY, "kv_ready", "kv_ready"),
     (topics.RESULTS, "result", "result"), (topics.ATTEMPTS_FAILED, "attempt_failed", "attempt_failed"),
     (topics.RESULTS_WRITTEN, "output_written", "output_written"), (topics.JOBS_COMMANDS, "job_command", "cancel"),
+    (topics.CANARY_RESULTS, "result", "canary_result"),
 )
 
 
@@ -144,8 +146,16 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
     for source, kind, name in _INPUTS:
         agent_for(source, kind, name)
 
+    async def learn_changelogs() -> None:
+        """Table writes outside an agent (the tick's) pick their changelog partition from the
+        producer's metadata, which knows a topic only once asked: ask for every changelog."""
+        producer = app.producer._ensure_producer()
+        for t in app.tables.values():
+            await producer.partitions_for(t.changelog_topic.get_topic_name())
+
     async def restore() -> None:
         """Start the views, wait (without blocking the loop) until they caught up, rebuild the core."""
+        await learn_changelogs()
         followers = [TopicFollower(settings.bootstrap_servers, topics.PROFILES, "profile_row", profile_view.on_record),
                      TopicFollower(settings.bootstrap_servers, topics.POOLS_HEARTBEAT, "pool_heartbeat",
                                    pool_view.on_record)]

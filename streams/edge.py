@@ -52,12 +52,14 @@ def job_submitted(record: dict[str, Any], prompts: list[PromptSize], intake_erro
 
 
 def request_queued(record: dict[str, Any]) -> RequestQueued:
+    pre, dec = record.get("pinned_prefill_pool"), record.get("pinned_decode_pool")
     return RequestQueued(
         request_id=str(record["request_id"]), job_id=str(record["job_id"]), tenant=str(record["tenant"]),
         custom_id=str(record["custom_id"]), model=str(record["model"]), prompt_tokens=int(record["prompt_tokens"]),
         max_tokens=int(record["max_tokens"]), deadline=seconds(record["deadline"]), priority=int(record["priority"]),
         quality_tier=QualityTier(record["quality_tier"]),
         quality_tolerance=float(record.get("quality_tolerance") or 0.0),
+        pin=(str(pre), str(dec)) if pre and dec else None,
     )
 
 
@@ -102,7 +104,8 @@ def pending_request(q: RequestQueued, text: str, sampling: dict[str, Any], submi
     }
 
 
-def prefill_work(d: Dispatch, prompt: str, sampling: dict[str, Any], now: float) -> dict[str, Any]:
+def prefill_work(d: Dispatch, prompt: str, sampling: dict[str, Any], now: float,
+                 canary: dict[str, Any] | None = None) -> dict[str, Any]:
     w = d.work
     return {
         "attempt_id": attempt_id(w.request_id, "prefill", d.attempt), "request_id": w.request_id, "job_id": w.job_id,
@@ -110,7 +113,7 @@ def prefill_work(d: Dispatch, prompt: str, sampling: dict[str, Any], now: float)
         "prompt": prompt, "prompt_tokens": w.prompt_tokens, "max_tokens": w.max_output_tokens, "sampling": sampling,
         "priority": d.priority, "deadline": ms(w.deadline or 0.0), "colocated": d.colocated,
         "decode_pool": None if d.colocated else d.decode_pool, "quality_tier": w.quality_tier.value,
-        "dispatched_at": ms(now),
+        "dispatched_at": ms(now), "canary": canary,
     }
 
 

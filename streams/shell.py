@@ -7,7 +7,10 @@ and these methods, and persists the mappings it is given):
   ``requests.pending`` with its text, and the job's events to ``jobs.events`` / ``jobs.state``.
 - ``on_record`` turns every other record into its core event (``edge.py``); a request read back
   from ``requests.pending`` leaves its text and sampling in ``prompts`` — the only place the text
-  is kept — and ``Dispatch`` decisions read it from there to build ``prefill.<pool>`` work.
+  is kept — and ``Dispatch`` decisions read it from there to build ``prefill.<pool>`` work. The
+  drift monitor's canaries come the same way (tenant ``_canary``, pinned to the path they
+  measure, with their probe kept beside the text); their results come back on
+  ``canary.results``.
 - ``tick`` reports the pools and the profile table to the core when they changed, then runs the
   core's clock.
 Every decision becomes sends here: ``FailRequest`` a FAILED result on ``results``; ``Forget``
@@ -88,7 +91,8 @@ class ControlShell:
         if kind == "request":
             rid = record["request_id"]
             if rid not in self.prompts:
-                self.prompts[rid] = {"prompt": record["prompt"], "sampling": record["sampling"]}
+                self.prompts[rid] = {"prompt": record["prompt"], "sampling": record["sampling"],
+                                     "canary": record.get("canary")}
             return self.sends_of(self.core.handle(edge.request_queued(record), now), now, origin)
         event = _EVENTS[kind](record)
         if event is None:
@@ -119,8 +123,9 @@ class ControlShell:
         for d in decisions:
             if isinstance(d, Dispatch):
                 out += self._dispatch(d, now)
-            elif isinstance(d, FailRequest):
-                out.append(Send(topics.RESULTS, d.work.job_id, "result", edge.failed_result(d, now)))
+            elif isinstance(d, FailRequest):  # a canary's result goes where the drift monitor reads it
+                topic = topics.CANARY_RESULTS if d.work.tenant == self.core.config.canary_tenant else topics.RESULTS
+                out.append(Send(topic, d.work.job_id, "result", edge.failed_result(d, now)))
             elif isinstance(d, JobChanged):
                 output = self.output_file(d.job["job_id"]) if d.job["requests_total"] else None
                 out += edge.job_event_sends(d, now, output)
@@ -139,7 +144,7 @@ class ControlShell:
             failed = AttemptFailed(d.work.request_id, d.attempt, d.prefill_pool, Phase.PREFILL, FailureKind.INVALID,
                                    "the control plane no longer has this request's prompt text")
             return self.sends_of(self.core.handle(failed, now), now)
-        record = edge.prefill_work(d, stored["prompt"], stored["sampling"], now)
+        record = edge.prefill_work(d, stored["prompt"], stored["sampling"], now, stored.get("canary"))
         return [Send(topics.prefill_topic(d.prefill_pool), d.work.request_id, "prefill_work", record)]
 
     def _problem(self, p: Problem, now: float, origin: Origin | None) -> Send:

@@ -9,8 +9,9 @@ same ``CoreConfig``; only tenants and models differ by deployment.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from phaseroute.schemas.ids import CANARY_TENANT
 from phaseroute.streams.policy import (
     AdmissionConfig, FairConfig, ModelSpec, RetryConfig, RouterConfig, TenantQuota, _checks,
 )
@@ -47,6 +48,14 @@ class CoreConfig:
     resend_after_restart_s: float = 10.0
     """A restarted core sends again the attempts it dispatched this recently (the send may not
     have left before the stop; a second copy of the same attempt is deduplicated downstream)."""
+    canary_tenant: str = CANARY_TENANT
+    """The reserved tenant of the drift monitor's canaries: released by the fair scheduler like any
+    other tenant's work, at a weight that keeps its share small..."""
+    canary_share: float = 0.03
+    """...at most this share of the fleet while a tenant of the smallest weight also waits (less
+    when more tenants wait; more only when nobody else does)..."""
+    canary_max_in_flight: int = 4
+    """...and at most this many canaries in flight at once."""
     greedy_only: bool = True
     """The backend decodes greedily only: a job with temperature > 0 is rejected."""
 
@@ -61,8 +70,19 @@ class CoreConfig:
         _checks.positive(owner, "straggler_recheck_s", self.straggler_recheck_s)
         _checks.non_negative(owner, "resend_after_restart_s", self.resend_after_restart_s)
         _checks.at_least(owner, "progress_every", self.progress_every, 1)
+        if not 0.0 < self.canary_share < 1.0:
+            raise ValueError(f"{owner}.canary_share must be in (0, 1), got {self.canary_share!r}")
+        _checks.at_least(owner, "canary_max_in_flight", self.canary_max_in_flight, 1)
         if self.expire_after_deadline_s is not None:
             _checks.non_negative(owner, "expire_after_deadline_s", self.expire_after_deadline_s)
+
+    def fair_with_canaries(self, fair: FairConfig | None = None) -> FairConfig:
+        """``fair`` (default: this config's) with the canary tenant's weight and in-flight cap."""
+        fair = fair or self.fair
+        smallest = min([*fair.tenant_weights.values(), fair.default_weight])
+        weight = smallest * self.canary_share / (1.0 - self.canary_share)
+        return replace(fair, tenant_weights={**fair.tenant_weights, self.canary_tenant: weight},
+                       tenant_max_in_flight={**fair.tenant_max_in_flight, self.canary_tenant: self.canary_max_in_flight})
 
     @property
     def heartbeat_timeout_s(self) -> float:

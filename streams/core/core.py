@@ -119,6 +119,9 @@ class ControlCore:
         closed = self.dispatch.result(ev, now)
         if closed is None:
             return []
+        if closed.job_id not in self.jobs.jobs:  # a request of no job (a drift canary): done with at once
+            self.dispatch.forget(ev.request_id)
+            return []
         if closed.was_open:
             self.jobs.on_request_closed(closed.job_id, closed.prompt_tokens, closed.max_tokens)
         out = self.jobs.on_result(closed.job_id, closed.ok, ev.prompt_tokens, ev.completion_tokens, now)
@@ -173,7 +176,7 @@ class ControlCore:
         return []
 
     def _tenants(self, ev: TenantsUpdated, now: float) -> list[Decision]:
-        self.dispatch.fair.config = ev.fair
+        self.dispatch.fair.config = self.config.fair_with_canaries(ev.fair)
         self.quotas = dict(ev.quotas)
         return []
 

@@ -67,7 +67,7 @@ class Dispatcher:
         self.rng = rng
         self.requests: dict[str, RequestState] = {}
         self.by_job: dict[str, set[str]] = {}
-        self.fair = FairScheduler(config.fair)
+        self.fair = FairScheduler(config.fair_with_canaries())
         self.router_state = RouterState()
         self.fleet = FleetState(config.failure_window_s, config.heartbeat_timeout_s, config.kv_in_flight_factor)
         self.table = ProfileTable()
@@ -91,6 +91,16 @@ class Dispatcher:
         self.requests[state.request_id] = state
         self.by_job.setdefault(state.job_id, set()).add(state.request_id)
         self.dirty.add(state.request_id)
+
+    def forget(self, request_id: str) -> None:
+        state = self.requests.pop(request_id, None)
+        if state is not None:
+            ids = self.by_job.get(state.job_id)
+            if ids is not None:
+                ids.discard(request_id)
+                if not ids:
+                    del self.by_job[state.job_id]
+            self.dirty.add(request_id)
 
     def enqueue(self, state: RequestState, now: float) -> None:
         state.status = RequestStatus.QUEUED
@@ -123,7 +133,7 @@ class Dispatcher:
             return []  # a replay of requests.pending
         work = RequestWork(ev.request_id, ev.job_id, ev.tenant, ev.model, ev.prompt_tokens, ev.max_tokens,
                            ev.deadline, ev.quality_tier, ev.quality_tolerance)
-        state = RequestState(work, ev.custom_id, ev.priority)
+        state = RequestState(work, ev.custom_id, ev.priority, pin=ev.pin)
         self.add(state)
         if not job_open:
             return self.fail(state, "its job was cancelled or expired before it was dispatched", "batch_cancelled",
@@ -224,6 +234,8 @@ class Dispatcher:
         return out
 
     def place(self, state: RequestState, now: float) -> list[Decision]:
+        if state.pin is not None:
+            return self._place_pinned(state, state.pin, now)
         sent = self.dispatch(state, now, speculative=False)
         if isinstance(sent, Dispatch):
             state.unplaced_since, state.unplaced_tries = None, 0
@@ -256,6 +268,25 @@ class Dispatcher:
             r.by_pool[pool] = r.by_pool.get(pool, 0) + 1
         return Dispatch(state.work, state.custom_id, state.priority, attempt.number, decision.prefill_pool,
                         decision.decode_pool, decision.colocated, speculative, decision.explored)
+
+    def _place_pinned(self, state: RequestState, pin: tuple[str, str], now: float) -> list[Decision]:
+        """A request that measures one path (a drift canary) runs there or nowhere: a path whose
+        pools are not alive, or do not serve its phases, fails it at once."""
+        prefill, decode = pin
+        pools = {p.name: p for p in self.fleet.states()}
+        dead = self.fleet.dead(now)
+        a, b = pools.get(prefill), pools.get(decode)
+        if a is None or b is None or prefill in dead or decode in dead or not a.serves(Phase.PREFILL) \
+                or not b.serves(Phase.DECODE):
+            self.fair.unrelease(state.request_id)
+            return self.fail(state, f"its path {prefill} -> {decode} is not alive", "path_gone", now)
+        attempt = Attempt(state.next_attempt, prefill, decode, prefill == decode, Phase.PREFILL, now)
+        state.next_attempt += 1
+        state.status = RequestStatus.RUNNING
+        self._attach(state, attempt)
+        self.dirty.add(state.request_id)
+        return [Dispatch(state.work, state.custom_id, state.priority, attempt.number, prefill, decode,
+                         attempt.colocated, False, False)]
 
     def _unplaced(self, state: RequestState, refusal: NoPlacement, now: float) -> list[Decision]:
         """No pool can take it now: slot and charge back, wait (doubling), until the wait

@@ -56,6 +56,7 @@ class RequestQueued:
     priority: int
     quality_tier: QualityTier
     quality_tolerance: float
+    pin: tuple[str, str] | None = None  # (prefill pool, decode pool): placed there, not routed (a canary)
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,8 +81,8 @@ def speculate(d: Dispatcher, now: float) -> list[Decision]:
         attempt = state.attempt(number) if state is not None else None
         if state is None or attempt is None or attempt.phase is not phase or state.status is not RequestStatus.RUNNING:
             continue
-        if len(state.attempts) > d.config.retry.max_speculative_copies:
-            continue  # it has its copy already
+        if len(state.attempts) > d.config.retry.max_speculative_copies or state.pin is not None:
+            continue  # it has its copy already, or it measures its own path (no copy elsewhere)
         running = _running(d, state)
         copies = find_stragglers(running, d.table, d.fleet.states(), now, d.config.retry)
         if copies:

@@ -125,6 +125,7 @@ class RequestState:
     unplaced_tries: int = 0
     final_reason: str | None = None  # FAILING / FAILED: why
     final_code: str | None = None  # FAILING / FAILED: machine-readable reason (batch_cancelled, ...)
+    pin: tuple[str, str] | None = None  # placed on this (prefill, decode) path only: a drift canary
 
     @property
     def request_id(self) -> str:
@@ -150,6 +151,7 @@ class RequestState:
             "attempts": [a.to_record() for a in self.attempts], "failures": [f.to_record() for f in self.failures],
             "next_attempt": self.next_attempt, "retry_at": self.retry_at, "unplaced_since": self.unplaced_since,
             "unplaced_tries": self.unplaced_tries, "final_reason": self.final_reason, "final_code": self.final_code,
+            "pin": list(self.pin) if self.pin else None,
         }
 
     @classmethod
@@ -164,7 +166,7 @@ class RequestState:
             work, str(r["custom_id"]), int(r["priority"]), RequestStatus[r["status"]],
             [Attempt.from_record(a) for a in r["attempts"]], [PastAttempt.from_record(f) for f in r["failures"]],
             int(r["next_attempt"]), r["retry_at"], r["unplaced_since"], int(r["unplaced_tries"]), r["final_reason"],
-            r["final_code"],
+            r["final_code"], (str(r["pin"][0]), str(r["pin"][1])) if r.get("pin") else None,
         )
 
 

@@ -2,8 +2,10 @@
 
 Three pools run as real worker loops (driven in this process, one thread, so two pools can
 share one fp32 model): ``pre`` (prefill, fp32), ``int8`` (decode, int8-dynamic) and ``colo``
-(both, fp32). The drift monitor service sends its canaries through them as real Kafka
-messages (prefill worker -> KV store -> decode worker), measures each path, and publishes
+(both, fp32). The drift monitor service sends its canaries as requests of the ``_canary``
+tenant to the real control plane (a ``phaseroute control`` process), whose fair scheduler
+releases them onto the paths they are pinned to, as real Kafka messages (prefill worker -> KV
+store -> decode worker); the monitor measures each path, and publishes
 quality rows that a ``ProfileView`` turns into the router's table. Then the prefill worker
 corrupts the KV blobs it hands to ``colo`` (bit flips, CRC recomputed), and the monitor must
 demote exactly that path in one round; with the fault gone it recovers. Finally the drift
@@ -55,6 +57,7 @@ class Live:
         self.loops: dict[str, Any] = {}
         self.beats: list[Any] = []
         self.service: MonitorService | None = None
+        self.control: subprocess.Popen | None = None
 
     def start(self, home: Path, fp32: Any, int8: Any, make_topic: Callable[..., str]) -> None:
         provision.provision(self.bootstrap, topics.all_topics() + self.pool_topics)
@@ -73,6 +76,8 @@ class Live:
         config = MonitorConfig(interval_s=3600, round_timeout_s=240, canaries=3, quality=QualityConfig(recover_after=1),
                                only_pools=(self.pre, self.int8, self.colo), profiles_topic=self.topics["profiles"],
                                drift_topic=self.topics["drift"], alerts_topic=self.topics["alerts"])
+        self.control = subprocess.Popen([sys.executable, "-m", "phaseroute.cli.main", "control"],
+                                        stdout=open(home / "control.log", "ab"), stderr=subprocess.STDOUT)
         self.service = MonitorService(self.bootstrap, config, dead_after_s=30.0)
         self.monitor = self.service.monitor
         self.service.start()
@@ -100,6 +105,12 @@ class Live:
         self.monitor.last_start = {p: t for p, t in self.monitor.last_start.items() if p.label != label}
 
     def close(self) -> None:
+        if self.control is not None:
+            self.control.terminate()
+            try:
+                self.control.wait(60)
+            except subprocess.TimeoutExpired:
+                self.control.kill()
         for beat in self.beats:
             beat.stop()
         for loop in self.loops.values():
@@ -211,7 +222,7 @@ def test_kv_corruption_on_one_path_is_detected_and_that_path_loses_exact_work(li
     [(rnd, m, v)] = live.rounds(1)
     print(f"\nKV bit flips (rate 1e-5) on {link}: detected in 1 round = {len(rnd.expected)} canary runs")
     _print([(rnd, m, v)])
-    assert rnd.path.label == link and not v.exact_ok and v.alert is not None and v.alert.value == "demoted"
+    assert rnd.path.label == link and not v.exact_ok and v.alert is not None and v.alert.name == "DEMOTED"
     table = _table(live)
     exact, decision = _routes(live, table, QualityTier.EXACT)
     assert (live.pre, live.colo) not in exact and (live.colo, live.colo) in exact, exact
@@ -222,7 +233,7 @@ def test_kv_corruption_on_one_path_is_detected_and_that_path_loses_exact_work(li
     [(rnd, m, v)] = live.rounds(1)
     print("fault removed:")
     _print([(rnd, m, v)])
-    assert v.exact_ok and v.alert is not None and v.alert.value == "recovered"
+    assert v.exact_ok and v.alert is not None and v.alert.name == "RECOVERED"
 
 
 DRIFT_TO_CLICKHOUSE = """

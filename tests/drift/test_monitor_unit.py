@@ -58,18 +58,19 @@ def test_a_round_measures_each_path_and_demotes_the_lossy_ones() -> None:
     sink = Sink()
     monitor = DriftMonitor(MonitorConfig(interval_s=30, canaries=3), sink)
     rounds = monitor.dispatch(POOLS, NOW)
-    works = sink.of("prefill_work")
+    works = sink.of("request")
     assert len(rounds) == 4 and len(works) == 4 * 3 * 2
     first = works[0]
     assert first["tenant"] == "_canary" and first["quality_tier"] == "EXACT"
+    assert {(t, k) for t, k, kind, _ in sink.sent if kind == "request"} == {("requests.pending", "_canary")}
     forced = next(w for w in works if w["canary"]["mode"] == "FORCED")
     assert forced["max_tokens"] == len(forced["canary"]["forced_token_ids"])
     assert len(forced["canary"]["probe_token_ids"]) == forced["canary"]["probe_width"] * forced["max_tokens"]
-    assert {(w["pool"], w["decode_pool"], w["colocated"]) for w in works} == {
-        ("colo", None, True), ("colo", "int8", False), ("pre", "colo", False), ("pre", "int8", False)}
+    assert {(w["pinned_prefill_pool"], w["pinned_decode_pool"]) for w in works} == {
+        ("colo", "colo"), ("colo", "int8"), ("pre", "colo"), ("pre", "int8")}
     assert monitor.dispatch(POOLS, NOW + 1) == []  # rounds open: nothing new
     for w in works:
-        monitor.on_result(_answer(w, damage=0.7 if w["decode_pool"] == "int8" else 0.0))
+        monitor.on_result(_answer(w, damage=0.7 if w["pinned_decode_pool"] == "int8" else 0.0))
     closed = monitor.close_due(NOW + 5)
     assert len(closed) == 4 and not monitor.open
     drift = {(r["prefill_pool"], r["decode_pool"]): r for r in sink.of("drift_measurement")}
@@ -100,7 +101,7 @@ def test_a_round_closes_on_timeout_with_what_came_back() -> None:
     sink = Sink()
     monitor = DriftMonitor(MonitorConfig(interval_s=30, round_timeout_s=60, canaries=2), sink)
     monitor.dispatch(POOLS[2:3], NOW)  # colo only
-    works = sink.of("prefill_work")
+    works = sink.of("request")
     for w in works[:2]:  # one canary's two runs come back, the other is lost
         monitor.on_result(_answer(w))
     assert monitor.close_due(NOW + 10) == []
@@ -112,3 +113,27 @@ def test_a_round_closes_on_timeout_with_what_came_back() -> None:
     monitor.dispatch(POOLS[2:3], NOW + 100)
     monitor.close_due(NOW + 200)
     assert len(sink.of("drift_measurement")) == 1 and monitor.closed[-1][1] is None
+
+
+def test_rounds_are_frequent_for_new_or_moving_paths_and_rare_for_stable_ones() -> None:
+    """A stable HEALTHY path waits twice as long after each round (up to max_interval_s); a
+    demoted path stays at interval_s; a pool whose variant changed is measured at once."""
+    sink = Sink()
+    monitor = DriftMonitor(MonitorConfig(interval_s=30, max_interval_s=120, canaries=2), sink)
+    pools = POOLS[:3]
+    t, starts = NOW, {"colo": [], "pre->int8": []}
+    while t < NOW + 600:
+        for rnd in monitor.dispatch(pools, t):
+            if rnd.path.label in starts:
+                starts[rnd.path.label].append(t - NOW)
+        for _, _, kind, w in sink.sent:
+            if kind == "request":
+                monitor.on_result(_answer(w, damage=0.7 if w["pinned_decode_pool"] == "int8" else 0.0))
+        sink.sent.clear()
+        monitor.close_due(t)
+        t += 5
+    stable, demoted = starts["colo"], starts["pre->int8"]
+    assert [b - a for a, b in zip(stable, stable[1:])][:4] == [30, 60, 120, 120], stable
+    assert all(b - a == 30 for a, b in zip(demoted, demoted[1:])), demoted
+    changed = [PoolState("colo", True, BOTH, frozenset({MODEL}), "int8-dynamic", 1, 8, 1e9)]
+    assert [r.path.label for r in monitor.dispatch(changed, t)] == ["colo"], "a new variant is measured at once"

@@ -102,7 +102,8 @@ def _row(pool: str, phase: Phase, variant: str = "fp32") -> ProfileRow:
 
 
 def _pool(name: str, phases: frozenset[Phase], variant: str = "fp32") -> PoolState:
-    return PoolState(name, True, phases, frozenset({MODEL}), variant, 1, 32, 1e12, last_heartbeat=NOW)
+    return PoolState(name, True, phases, frozenset({MODEL}), variant, 1, 32, 1e12, last_heartbeat=NOW,
+                     kv_format=f"{MODEL}|float32|30x3x64|v1")
 
 
 PRE, DEC, COLO = frozenset({Phase.PREFILL}), frozenset({Phase.DECODE}), frozenset({Phase.PREFILL, Phase.DECODE})
