@@ -425,7 +425,9 @@ def test_a_restarted_control_plane_keeps_the_tenants_counters_and_running_slots(
 
     again = Plane(model_info, now, store=first.store, prompts=first.shell.prompts, pools=first.pools,
                   profiles=first.profiles)
-    assert again.shell.restore(now + 1) == []
+    resent = prefill(again.shell.restore(now + 1))
+    # dispatched just before the stop: their sends may be lost, so the same attempts go again
+    assert sorted(s.record["attempt_id"] for s in resent) == sorted(s.record["attempt_id"] for s in sent)
     assert again.core.dispatch.fair.state() == before
     (report,) = again.core.dispatch.fair.report()
     assert report.in_flight == len(sent) and report.queued_requests == 30 - len(sent)
