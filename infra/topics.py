@@ -85,6 +85,7 @@ STATIC_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("canary.results", 1, "result", "job_id", "Results of drift canaries (tenant _canary), for the drift monitor; real results go to results.", retention_ms=DAY_MS),
     TopicSpec("telemetry.drift", 1, "drift_measurement", "model|prefill_pool|decode_pool", "Canary drift per path and round (drift monitor), for ClickHouse.", retention_ms=30 * DAY_MS),
     TopicSpec("quality.alerts", 1, "quality_alert", "model|prefill_pool|decode_pool", "Paths demoted from, or restored to, EXACT-tier work by the drift monitor.", retention_ms=30 * DAY_MS),
+    TopicSpec("tenants", 1, "tenant", "tenant name", "The tenant registry (compacted): weights, quotas and hashed API keys per tenant.", compacted=True, retention_ms=-1),
     TopicSpec("deadletter", 1, "dead_letter", "source topic", "Undecodable or invalid messages, each with its reason.", retention_ms=30 * DAY_MS),
 )
 

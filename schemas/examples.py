@@ -136,6 +136,12 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
         "top1_agreement": 0.6167, "mean_kl": 0.7036, "max_kl": 2.4818,
         "measurement_id": f"{MODEL}|cpu-fp32-a|cpu-int8-b|12", "at": T0 + 90_000,
     },
+    "tenant": {
+        "name": TENANT, "weight": 2.0, "max_in_flight": 64, "max_queued_tokens": 2_000_000, "max_running_jobs": 10,
+        "keys": [{"key_id": "3f9a1c0b7d2e", "key_hash": "sha256:3f9a1c0b7d2e" + "0" * 52, "created_at": T0 - 86_400_000,
+                  "revoked_at": None}],
+        "disabled": False, "updated_at": T0 - 86_400_000,
+    },
     "dead_letter": {
         "source_topic": "jobs.submitted", "partition": 0, "offset": 1_207, "key": JOB_ID.encode(),
         "value": b'{"job_id": "acme-eval-2026-11-29-001"}',

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import hashlib
+import re
+import unicodedata
 
 PHASES = ("prefill", "decode")
 
@@ -37,3 +39,28 @@ def profile_key(model: str, phase: str, pool: str, variant: str, source_pool: st
     if bad:
         raise ValueError(f"profile key parts must not contain '|': {bad}")
     return "|".join(parts)
+
+
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+CUSTOM_ID_MAX = 512
+
+
+def job_id_problem(job_id: object) -> str | None:
+    """Why ``job_id`` cannot be a job id, or None. Job ids name blob keys and Kafka keys, so
+    they are 1-128 characters of letters, digits, '.', '_' and '-', starting with a letter or digit."""
+    if not isinstance(job_id, str) or not _JOB_ID.match(job_id):
+        return (f"job id {job_id!r} must be 1-128 characters of letters, digits, '.', '_' and '-', "
+                "starting with a letter or digit")
+    return None
+
+
+def custom_id_problem(custom_id: object) -> str | None:
+    """Why ``custom_id`` cannot be a request's custom id, or None: a string of 1-512
+    characters without control characters."""
+    if not isinstance(custom_id, str) or not custom_id:
+        return f"custom_id must be a non-empty string, got {custom_id!r}"
+    if len(custom_id) > CUSTOM_ID_MAX:
+        return f"custom_id {custom_id[:40]!r}... is {len(custom_id)} characters; at most {CUSTOM_ID_MAX}"
+    if any(unicodedata.category(ch) == "Cc" for ch in custom_id):
+        return f"custom_id {custom_id!r} contains control characters"
+    return None
