@@ -2,7 +2,9 @@
 
 Life of a job through the agents (each agent hands its event to ``ControlPlane`` and sends
 what it returns):
-- ``admission`` on ``jobs.submitted`` -> ``jobs.events`` / ``jobs.state`` and ``requests.pending``;
+- ``admission`` on ``jobs.submitted`` -> ``jobs.events`` / ``jobs.state`` and ``requests.pending``
+  (the job's input is read from the blob store, validated and tokenized in a worker thread,
+  so a 50,000-line job does not stop the other agents and the dispatch timer);
 - ``scheduler`` on ``requests.pending`` -> the ``requests`` table and the fair queues;
 - ``dispatch`` timer -> ``prefill.<pool>`` (router decisions), retries, speculation, pool loss;
 - ``tracker`` agents on ``kv.ready``, ``results``, ``attempts.failed`` -> progress, retries;
@@ -20,6 +22,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 import faust
@@ -60,7 +63,7 @@ def build_app(settings: Settings, config: ControlConfig, models: tuple[str, ...]
     out_topics: dict[tuple[str, str], faust.TopicT] = {}
     dead = topic("deadletter", "dead_letter")
 
-    async def send_all(sends: list[Send]) -> None:
+    async def send_all(sends: Iterable[Send]) -> None:
         for s in sends:
             target = out_topics.get((s.topic, s.kind))
             if target is None:
@@ -80,6 +83,10 @@ def build_app(settings: Settings, config: ControlConfig, models: tuple[str, ...]
                     continue
                 record = value.to_dict() if hasattr(value, "to_dict") else value
                 try:
+                    if method == "submit":  # reading + tokenizing the input runs off the event loop
+                        scan = await asyncio.to_thread(control.scan, record)
+                        await send_all(control.submit(record, time.time(), scan))
+                        continue
                     await send_all(getattr(control, method)(record, time.time()))
                 except Exception:  # a bad event must not kill the agent (Faust would ack it anyway)
                     log.exception("control/%s failed on %s", method, record.get("request_id") or record.get("job_id"))

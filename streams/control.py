@@ -28,13 +28,15 @@ from __future__ import annotations
 import logging
 import random
 from datetime import datetime, timezone
-from collections.abc import MutableMapping
+from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from phaseroute.schemas.ids import attempt_id
+from phaseroute.infra.blobstore import BlobStore, open_blob_store, output_prefix
+from phaseroute.schemas.ids import attempt_id, job_id_problem
 from phaseroute.streams import records
-from phaseroute.streams.intake import IntakeError, prompts_of
+from phaseroute.streams.intake import IntakeLimits, IntakeScan, scan_job_input
+from phaseroute.streams.validation_report import write_validation_errors
 from phaseroute.streams.model_catalog import ModelInfo
 from phaseroute.streams.policy import (
     AdmissionConfig, AttemptRecord, AttemptStatus, BacklogJob, FailureKind, FairConfig, FairScheduler,
@@ -61,6 +63,8 @@ class ControlConfig:
     heartbeat_timeout_s: float = 8.0
     progress_every: int = 5
     results_dir: str = "."
+    blob_store_url: str | None = None  # where input files are read and validation errors written
+    intake: IntakeLimits = field(default_factory=IntakeLimits)
 
 
 @dataclass
@@ -93,6 +97,7 @@ class ControlPlane:
         self._profile_version = -1
         self._failures: dict[str, int] = {}
         self._queued: set[str] = set()  # request ids in the fair scheduler's queues
+        self.store: BlobStore | None = open_blob_store(config.blob_store_url) if config.blob_store_url else None
 
     def _enqueue(self, rid: str, req: dict[str, Any], now: float) -> None:
         if rid not in self._queued:
@@ -120,18 +125,36 @@ class ControlPlane:
         return n
 
     # -- events -------------------------------------------------------------------------
-    def submit(self, job: dict[str, Any], now: float) -> list[Send]:
+    def scan(self, job: dict[str, Any]) -> IntakeScan | None:
+        """Read, validate, render and count the job's input (blocking: run it in a worker thread).
+        None when the job needs no scan (known id, bad id, unknown model): ``submit`` answers it."""
+        model = self.models.get(job["model"])
+        if job["job_id"] in self.jobs or job_id_problem(job["job_id"]) or model is None:
+            return None
+        return scan_job_input(job, self.store, model, self.config.intake)
+
+    def submit(self, job: dict[str, Any], now: float, scan: IntakeScan | None = None) -> Iterable[Send]:
+        """Admit or reject a job. ``scan`` is ``self.scan(job)`` done beforehand off the event
+        loop (computed here when not given). The request sends are produced lazily, prompt by
+        prompt from the scan's spool, so a large job never sits in memory as records."""
         known = self.jobs.get(job["job_id"])
         if known is not None:  # idempotent resubmission: say where it stands, run nothing
             return records.job_event_sends(known, known["state"], now, reason="job id already submitted; not run again")
         entry = self._job_entry(job)
+        problem = job_id_problem(job["job_id"])
+        if problem:
+            return self._reject(entry, problem, None, now)
         model = self.models.get(job["model"])
         if model is None:
             return self._reject(entry, f"unknown model {job['model']!r}; this deployment serves {sorted(self.models)}", None, now)
-        try:
-            prompts = prompts_of(job, model)
-        except IntakeError as exc:
-            return self._reject(entry, str(exc), None, now)
+        scan = scan if scan is not None else self.scan(job)
+        assert scan is not None
+        if not scan.ok:
+            scan.close()
+            if scan.errors and self.store is not None:
+                write_validation_errors(self.store, job["tenant"], job["job_id"], scan)
+            return self._reject(entry, scan.reason(), None, now)
+        prompts = scan.prompts
         spec = JobSpec(
             job_id=job["job_id"], tenant=job["tenant"], model=job["model"], prompt_tokens=tuple(p.tokens for p in prompts),
             max_output_tokens=max((p.max_tokens for p in prompts), default=int(job["sampling"]["max_tokens"])),
@@ -140,6 +163,7 @@ class ControlPlane:
             custom_ids=tuple(p.custom_id for p in prompts), output_tokens=tuple(p.max_tokens for p in prompts),
         )
         if job["sampling"].get("temperature", 0.0) > 0:
+            scan.close()
             return self._reject(entry, (
                 f"sampling.temperature={job['sampling']['temperature']}: the torch backend decodes greedily only; "
                 "submit with temperature 0"), None, now)
@@ -147,20 +171,32 @@ class ControlPlane:
                         {n: ModelSpec(n, m.context_tokens) for n, m in self.models.items()},
                         self.config.quotas, self.config.admission, now)
         if not isinstance(verdict, Admitted):
+            scan.close()
             return self._reject(entry, verdict.reason, verdict.earliest_feasible_deadline, now)
         entry.update(state="ADMITTED", requests_total=len(prompts), est_completion=verdict.estimated_completion,
-                     tokens_in=0, output_file=f"{self.config.results_dir}/{job['job_id']}.jsonl")
-        sends = []
-        for work, prompt in zip(verdict.requests, prompts):
-            sends.append(Send("requests.pending", job["tenant"], "request", {
-                "request_id": work.request_id, "job_id": job["job_id"], "tenant": job["tenant"],
-                "custom_id": prompt.custom_id, "priority": job["priority"], "submitted_at": job["submitted_at"],
-                "deadline": job["deadline"], "model": job["model"], "prompt": prompt.text, "prompt_tokens": prompt.tokens,
-                "max_tokens": prompt.max_tokens, "sampling": job["sampling"], "quality_tier": job["quality_tier"],
-                "quality_tolerance": job.get("quality_tolerance"),
-            }))
+                     tokens_in=0, output_file=self._output_location(job))
+        return self._admitted_sends(job, entry, verdict, scan, now)
+
+    def _output_location(self, job: dict[str, Any]) -> str:
+        if self.store is not None:
+            return output_prefix(job["tenant"], job["job_id"])
+        return f"{self.config.results_dir}/{job['job_id']}.jsonl"
+
+    def _admitted_sends(self, job: dict[str, Any], entry: dict[str, Any], verdict: Admitted, scan: IntakeScan,
+                        now: float) -> Iterator[Send]:
+        try:
+            for work, prompt, text in zip(verdict.requests, scan.prompts, scan.texts()):
+                yield Send("requests.pending", job["tenant"], "request", {
+                    "request_id": work.request_id, "job_id": job["job_id"], "tenant": job["tenant"],
+                    "custom_id": prompt.custom_id, "priority": job["priority"], "submitted_at": job["submitted_at"],
+                    "deadline": job["deadline"], "model": job["model"], "prompt": text, "prompt_tokens": prompt.tokens,
+                    "max_tokens": prompt.max_tokens, "sampling": job["sampling"], "quality_tier": job["quality_tier"],
+                    "quality_tolerance": job.get("quality_tolerance"),
+                })
+        finally:
+            scan.close()
         self.jobs[job["job_id"]] = entry  # after the requests: a crash in between re-admits, never loses
-        return sends + records.job_event_sends(entry, "ADMITTED", now, reason=(
+        yield from records.job_event_sends(entry, "ADMITTED", now, reason=(
             f"estimated completion in {verdict.estimated_completion - now:.0f} s"))
 
     def pending(self, request: dict[str, Any], now: float) -> list[Send]:

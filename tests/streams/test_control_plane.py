@@ -66,7 +66,7 @@ def job(job_id: str, tenant: str, n: int, deadline_s: float, now: float, max_tok
 
 
 def admit_all(cp: ControlPlane, record: dict[str, Any], now: float) -> list:
-    sends = cp.submit(record, now)
+    sends = list(cp.submit(record, now))  # request sends come lazily, streamed from the intake spool
     for s in sends:
         if s.topic == "requests.pending":
             cp.pending(s.record, now)
@@ -108,7 +108,7 @@ def test_infeasible_deadline_is_rejected_naming_a_feasible_one(model_info) -> No
 
 @pytest.mark.parametrize(("mutate", "needle"), [
     (lambda j: j.update(model="gpt-9"), "gpt-9"),
-    (lambda j: j.update(requests=[]), "no prompts"),
+    (lambda j: j.update(requests=[]), "no requests"),
     (lambda j: j.update(deadline=j["submitted_at"] - 60_000), "deadline"),
     (lambda j: j["requests"][0].update(messages=[{"role": "user", "content": "word " * 9000}]), "8192"),
     (lambda j: j.update(input_file="/nonexistent/batch.jsonl", requests=[]), "/nonexistent/batch.jsonl"),
@@ -127,7 +127,7 @@ def test_resubmitted_job_id_is_not_run_twice(model_info) -> None:
     now = time.time()
     cp = plane(model_info, {"colo": "BOTH"}, now)
     first = admit_all(cp, job("j-1", "acme", 3, 600, now), now)
-    second = cp.submit(job("j-1", "acme", 3, 600, now), now + 1)
+    second = list(cp.submit(job("j-1", "acme", 3, 600, now), now + 1))
     assert sum(s.topic == "requests.pending" for s in first) == 3
     assert not any(s.topic == "requests.pending" for s in second)
     assert next(s.record for s in second if s.topic == "jobs.events")["reason"].startswith("job id already submitted")
