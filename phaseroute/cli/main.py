@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from phaseroute.cli import common, drift_cmds, engine_cmds, jobs_cmds, pools_cmd, sim_cmds, stack, worker_cmds
+from phaseroute.cli import api_cmds, common, drift_cmds, engine_cmds, jobs_cmds, pools_cmd, sim_cmds, stack, worker_cmds
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="phaseroute: offline LLM batch inference over Kafka.")
 
@@ -33,6 +33,8 @@ app.command("status")(jobs_cmds.status)
 app.command("results")(jobs_cmds.results)
 app.command("cancel")(jobs_cmds.cancel)
 app.command("demo")(jobs_cmds.demo)
+app.command("api")(api_cmds.api)
+app.add_typer(api_cmds.tenants_app, name="tenants")
 app.command("profile")(engine_cmds.profile)
 app.add_typer(engine_cmds.bench_app, name="bench")
 app.add_typer(sim_cmds.sim_app, name="sim")
