@@ -112,6 +112,9 @@ def test_infeasible_deadline_is_rejected_naming_a_feasible_one(model_info) -> No
     (lambda j: j.update(deadline=j["submitted_at"] - 60_000), "deadline"),
     (lambda j: j["requests"][0].update(messages=[{"role": "user", "content": "word " * 9000}]), "8192"),
     (lambda j: j.update(input_file="/nonexistent/batch.jsonl", requests=[]), "/nonexistent/batch.jsonl"),
+    # the holes: a file outside the tenant's blob-store prefix, and a job id that escapes a path
+    (lambda j: j.update(input_file="/etc/passwd", requests=[]), "'/etc/passwd' is not a blob-store key"),
+    (lambda j: j.update(job_id="../../etc/evil"), "job id '../../etc/evil' must be"),
 ])
 def test_invalid_jobs_are_rejected_with_a_reason_a_user_can_act_on(model_info, mutate, needle) -> None:
     now = time.time()
