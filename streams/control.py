@@ -184,6 +184,15 @@ class ControlPlane:
 
     def _admitted_sends(self, job: dict[str, Any], entry: dict[str, Any], verdict: Admitted, scan: IntakeScan,
                         now: float) -> Iterator[Send]:
+        """The job enters the table, and its ADMITTED event goes out, before its first request is
+        sent (the table was written before any send before the sends were streamed too): results
+        of early requests may come back while later ones are still being sent, and they count
+        against this entry. A crash while the requests stream leaves the job ADMITTED with
+        requests missing, as a crash between the sends did before; the new core should close
+        that (for example with a transactional producer)."""
+        self.jobs[job["job_id"]] = entry
+        yield from records.job_event_sends(entry, "ADMITTED", now, reason=(
+            f"estimated completion in {verdict.estimated_completion - now:.0f} s"))
         try:
             for work, prompt, text in zip(verdict.requests, scan.prompts, scan.texts()):
                 yield Send("requests.pending", job["tenant"], "request", {
@@ -195,9 +204,6 @@ class ControlPlane:
                 })
         finally:
             scan.close()
-        self.jobs[job["job_id"]] = entry  # after the requests: a crash in between re-admits, never loses
-        yield from records.job_event_sends(entry, "ADMITTED", now, reason=(
-            f"estimated completion in {verdict.estimated_completion - now:.0f} s"))
 
     def pending(self, request: dict[str, Any], now: float) -> list[Send]:
         rid = request["request_id"]
