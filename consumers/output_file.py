@@ -72,7 +72,7 @@ class JobOutput:
 
     def write_part(self, partition: int, offset: int, lines: list[dict[str, Any]]) -> int:
         """Write the lines whose custom id is new as one part object; returns how many."""
-        fresh = []
+        fresh: list[dict[str, Any]] = []
         for line in lines:
             if line["custom_id"] not in self.written and line["custom_id"] not in {f["custom_id"] for f in fresh}:
                 fresh.append(line)

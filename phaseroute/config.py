@@ -57,6 +57,12 @@ class Settings(BaseSettings):
         description="KV blob store: a directory path or an fsspec URL (memory://, s3://...). Unset: home/kv.",
     )
 
+    kafka_client_config: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra librdkafka properties for a real cluster, as JSON: e.g. "
+        '{"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "...", '
+        '"sasl.password": "..."}. The local broker needs none.',
+    )
     blob_store_url: str | None = Field(
         default=None,
         description="Blob store of uploaded input files and output files: a directory or an fsspec URL "

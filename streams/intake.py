@@ -27,8 +27,19 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any, NamedTuple
 
-from phaseroute.infra.blobstore import BlobKeyError, BlobNotFoundError, BlobStore, check_key, tenant_prefix
-from phaseroute.streams.input_lines import LineError, ParsedLine, parse_line, prompt_budget_error
+from phaseroute.infra.blobstore import (
+    BlobKeyError,
+    BlobNotFoundError,
+    BlobStore,
+    check_key,
+    tenant_prefix,
+)
+from phaseroute.streams.input_lines import (
+    LineError,
+    ParsedLine,
+    parse_line,
+    prompt_budget_error,
+)
 from phaseroute.streams.model_catalog import ModelInfo
 
 __all__ = ["IntakeError", "IntakeLimits", "IntakeScan", "LineError", "PromptEntry", "scan_job_input"]
@@ -163,7 +174,7 @@ def _file_lines(fh: IO[bytes], limits: IntakeLimits, scan: IntakeScan) -> Iterat
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            yield number, "\x00invalid utf-8 at byte %d" % exc.start
+            yield number, f"\x00invalid utf-8 at byte {exc.start}"
             continue
         if text.strip():
             yield number, text
@@ -202,7 +213,7 @@ def _render(chunk: list[ParsedLine], model: ModelInfo, limits: IntakeLimits, sca
     for item in chunk:
         try:
             texts.append(model.render(item.prompt, item.messages))
-        except Exception as exc:  # a template that refuses the conversation: the line's fault
+        except Exception as exc:  # noqa: BLE001  (any template error is the line's fault, not the job's)
             _error(scan, LineError("invalid_messages", item.line, f"messages cannot be rendered: {exc}", "body.messages"), limits)
             texts.append(None)
     counts = _count([t for t in texts if t is not None], model)
@@ -218,7 +229,7 @@ def _render(chunk: list[ParsedLine], model: ModelInfo, limits: IntakeLimits, sca
         if scan.error_count:  # once the job is invalid, keep validating but stop spooling
             continue
         if spool is None:
-            spool = scan._spool = tempfile.TemporaryFile(prefix="phaseroute-intake-")
+            spool = scan._spool = tempfile.TemporaryFile(prefix="phaseroute-intake-")  # noqa: SIM115 (closed by close())
         data = text.encode("utf-8")
         spool.write(_LEN.pack(len(data)))
         spool.write(data)
@@ -228,14 +239,9 @@ def _render(chunk: list[ParsedLine], model: ModelInfo, limits: IntakeLimits, sca
 def _count(texts: list[str], model: ModelInfo) -> list[int]:
     if not texts:
         return []
-    encode = getattr(model.tokenizer, "__call__", None)
-    try:
-        ids = encode(texts, add_special_tokens=False)["input_ids"] if encode else None
-    except Exception:
-        ids = None
-    if ids is None:
+    if not callable(model.tokenizer):  # a tokenizer without batch encoding: one text at a time
         return [model.count(t) for t in texts]
-    return [len(x) for x in ids]
+    return [len(x) for x in model.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
 def _error(scan: IntakeScan, error: LineError, limits: IntakeLimits) -> None:

@@ -22,7 +22,12 @@ import re
 import time
 from typing import Any
 
-from phaseroute.infra.blobstore import BlobNotFoundError, BlobStore, batch_key, tenant_prefix
+from phaseroute.infra.blobstore import (
+    BlobNotFoundError,
+    BlobStore,
+    batch_key,
+    tenant_prefix,
+)
 
 _ID = re.compile(r"^batch_[0-9a-f]{23}$")
 DEDUP_WINDOW_S = 600.0
@@ -61,7 +66,7 @@ class BatchStore:
         ids = sorted((n for n in names if valid_batch_id(n)), reverse=True)
         if after is not None:
             ids = [i for i in ids if i < after]
-        out = []
+        out: list[dict[str, Any]] = []
         for batch_id in ids:
             record = self.get(tenant, batch_id)
             if record is None:

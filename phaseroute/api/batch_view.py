@@ -10,12 +10,18 @@ asked while the job was not yet admitted is sent again until the job ends.
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from phaseroute.api.outputs import assemble
 from phaseroute.api.status_map import JobTrack, batch_status, timestamps
-from phaseroute.api.wire import Batch, BatchError, BatchErrors, BatchUsage, RequestCounts
+from phaseroute.api.wire import (
+    Batch,
+    BatchError,
+    BatchErrors,
+    BatchUsage,
+    RequestCounts,
+)
 from phaseroute.streams.validation_report import read_validation_errors
 
 FINAL = ("completed", "failed", "cancelled", "expired")
@@ -30,7 +36,7 @@ def _rejection(track: JobTrack) -> BatchErrors:
         code = "infeasible_completion_window" if event.get("earliest_feasible_deadline") else "batch_rejected"
         earliest = event.get("earliest_feasible_deadline")
         if earliest and "resubmit" not in reason:
-            when = datetime.fromtimestamp(earliest / 1000, timezone.utc).isoformat(timespec="seconds")
+            when = datetime.fromtimestamp(earliest / 1000, UTC).isoformat(timespec="seconds")
             reason += f" (the earliest feasible deadline is {when})"
     return BatchErrors(data=[BatchError(code=code, message=reason)])
 

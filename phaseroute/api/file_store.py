@@ -15,7 +15,13 @@ import time
 from collections.abc import Iterator
 from typing import IO, Any
 
-from phaseroute.infra.blobstore import BlobNotFoundError, BlobStore, file_key, meta_key, tenant_prefix
+from phaseroute.infra.blobstore import (
+    BlobNotFoundError,
+    BlobStore,
+    file_key,
+    meta_key,
+    tenant_prefix,
+)
 
 _ID = re.compile(r"^file-[0-9a-f]{23}$")
 META_SUFFIX = ".meta.json"

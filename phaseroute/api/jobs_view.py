@@ -40,9 +40,9 @@ class JobsView:
         return all(f.caught_up.is_set() for f in self._followers)
 
     def start(self, bootstrap: str, wait_s: float = 30.0) -> None:
-        from phaseroute.streams.views import TopicFollower
+        from phaseroute.api.follower import Follower
 
-        self._followers = [TopicFollower(bootstrap, topic, "job_event", self.on_event)
+        self._followers = [Follower(bootstrap, topic, "job_event", self.on_event)
                            for topic in (STATE_TOPIC, EVENTS_TOPIC)]
         for follower in self._followers:
             follower.start()

@@ -35,7 +35,12 @@ def _unavailable(bootstrap: str, what: str, timeout_s: float) -> BrokerUnavailab
 
 
 def client_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
-    return {"bootstrap.servers": bootstrap, "logger": _quiet, "socket.connection.setup.timeout.ms": 5000, **extra}
+    """librdkafka settings: the cluster's security settings (``PHASEROUTE_KAFKA_CLIENT_CONFIG``)
+    under the caller's own."""
+    from phaseroute.config import settings
+
+    return {**settings().kafka_client_config, "bootstrap.servers": bootstrap, "logger": _quiet,
+            "socket.connection.setup.timeout.ms": 5000, **extra}
 
 
 def publish(bootstrap: str, messages: Iterable[tuple[str, str, str, dict[str, Any]]], timeout_s: float = 30.0) -> None:
@@ -65,7 +70,12 @@ def read_latest(bootstrap: str, topic: str, kind: str, key_of: Callable[[dict[st
                 newer: Callable[[dict[str, Any], dict[str, Any]], bool] | None = None,
                 timeout_s: float = 15.0) -> dict[str, dict[str, Any]]:
     """The latest record per key: a later offset wins, or ``newer(candidate, held)`` decides."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+    from confluent_kafka import (
+        OFFSET_BEGINNING,
+        Consumer,
+        KafkaException,
+        TopicPartition,
+    )
 
     consumer = Consumer(client_config(bootstrap, **{
         "group.id": f"read-{uuid.uuid4().hex}", "enable.auto.commit": False, "fetch.wait.max.ms": 50}))
@@ -88,16 +98,17 @@ def read_latest(bootstrap: str, topic: str, kind: str, key_of: Callable[[dict[st
             msg = consumer.poll(0.5)
             if msg is None or msg.error():
                 continue
+            partition, offset, value = msg.partition() or 0, msg.offset() or 0, msg.value() or b""
             try:
-                record = serde.decode(msg.value(), kind)[1]
-            except Exception:  # a record another writer broke: skip it (the writer's dead letter says why)
+                record = serde.decode(value, kind)[1]
+            except Exception:  # noqa: BLE001  a record another writer broke: skip it (the writer's dead letter says why)
                 record = None
             if record is not None:
                 key = key_of(record)
                 if key not in latest or newer is None or newer(record, latest[key]):
                     latest[key] = record
-            if msg.offset() + 1 >= ends[msg.partition()]:
-                done.add(msg.partition())
+            if offset + 1 >= ends[partition]:
+                done.add(partition)
         return latest
     finally:
         consumer.close()

@@ -17,9 +17,18 @@ from typing import Any
 
 from phaseroute.api.file_store import FileStore
 from phaseroute.consumers.output_file import (
-    PART_PREFIX, as_text_completion, is_error_line, iter_part_lines, unique_lines,
+    PART_PREFIX,
+    as_text_completion,
+    is_error_line,
+    iter_part_lines,
+    unique_lines,
 )
-from phaseroute.infra.blobstore import BlobNotFoundError, BlobStore, file_key, output_prefix
+from phaseroute.infra.blobstore import (
+    BlobNotFoundError,
+    BlobStore,
+    file_key,
+    output_prefix,
+)
 
 MARKER = "assembled.json"
 

@@ -78,9 +78,9 @@ class TenantRegistry:
             return self._tenants.get(name)
 
     def start(self, bootstrap: str, wait_s: float = 15.0) -> None:
-        from phaseroute.streams.views import TopicFollower
+        from phaseroute.api.follower import Follower
 
-        self._follower = TopicFollower(bootstrap, TOPIC, "tenant", self.on_record)
+        self._follower = Follower(bootstrap, TOPIC, "tenant", self.on_record)
         self._follower.start()
         self._follower.caught_up.wait(wait_s)
 

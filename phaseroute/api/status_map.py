@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from phaseroute.api.wire import BatchStatus
 from phaseroute.schemas.enums import JobState
 
 
@@ -51,7 +52,7 @@ class JobTrack:
                 self.first_at["finalizing"] = event["at"]
 
 
-def batch_status(track: JobTrack | None, cancel_requested: bool) -> str:
+def batch_status(track: JobTrack | None, cancel_requested: bool) -> BatchStatus:
     if track is None:
         return "cancelling" if cancel_requested else "validating"
     event = track.latest

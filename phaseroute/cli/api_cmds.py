@@ -135,3 +135,19 @@ def import_file(file: Path = typer.Argument(..., exists=True, dir_okay=False, he
         names = registry.import_yaml(current_settings().bootstrap_servers, yaml.safe_load(file.read_text()))
     console.print(f"imported {len(names)} tenant(s): {', '.join(names)} (add keys with `phaseroute tenants key NAME`)",
                   highlight=False)
+
+
+def bench_admission(lines: int = typer.Option(50_000, "--lines", help="Requests in the big batch."),
+                    profile: bool = typer.Option(True, "--profile/--no-profile", help="Profile the pool first."),
+                    as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout.")) -> None:
+    """Admission of a 50,000-line batch through the API: time, peak RSS per process, and another
+    tenant's small batch meanwhile. Starts and stops its own API, control plane, sinks and worker."""
+    from phaseroute.api.admission_bench import run_bench
+
+    with _errors():
+        figures = run_bench(current_settings(), lines, profile)
+    if as_json:
+        print(json.dumps(figures))
+        return
+    for name, value in figures.items():
+        console.print(f"{name}: {value}", highlight=False)

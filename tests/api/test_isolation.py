@@ -49,7 +49,7 @@ def test_another_tenants_objects_are_not_found(two) -> None:
         "batches.retrieve": lambda: b.batches.retrieve(batch_id),
         "batches.cancel": lambda: b.batches.cancel(batch_id),
     }
-    for name, call in calls.items():
+    for call in calls.values():
         with pytest.raises(openai.NotFoundError):
             call()
     assert file_id not in {f.id for f in b.files.list()}

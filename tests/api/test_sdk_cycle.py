@@ -23,10 +23,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-
-from phaseroute.api.kafka_io import publish
 from phaseroute.schemas.examples import example
 from phaseroute.schemas.ids import request_id
+
+from phaseroute.api.kafka_io import publish
 
 from ..streams.stack_fixture import CLI, LiveStack, profile_pools
 
@@ -50,7 +50,7 @@ def _lines(n: int, prefix: str = "q", max_tokens: int = 8) -> bytes:
 
 
 def _tenant(name: str) -> str:
-    proc = subprocess.run([*CLI, "tenants", "add", name], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([*CLI, "tenants", "add", name], check=False, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
 
@@ -188,27 +188,27 @@ def test_infeasible_window_and_invalid_file_fail_with_errors(stack) -> None:
 
 
 def test_cli_with_a_key_and_operator_mode_not_found(stack, tmp_path: Path) -> None:
-    live, base, keys = stack
+    _, _, keys = stack
     path = tmp_path / "cli.jsonl"
     path.write_bytes(_lines(2, "cli"))
     env = dict(os.environ, PHASEROUTE_API_KEY=keys["a"])
-    sub = subprocess.run([*CLI, "submit", str(path), "--deadline", "1h", "--wait"], capture_output=True, text=True,
+    sub = subprocess.run([*CLI, "submit", str(path), "--deadline", "1h", "--wait"], check=False, capture_output=True, text=True,
                          timeout=400, env=env)
     assert sub.returncode == 0, sub.stderr
     batch_id = sub.stdout.strip().splitlines()[0]
-    out = subprocess.run([*CLI, "results", batch_id], capture_output=True, text=True, timeout=60, env=env)
+    out = subprocess.run([*CLI, "results", batch_id], check=False, capture_output=True, text=True, timeout=60, env=env)
     assert sorted(json.loads(x)["custom_id"] for x in out.stdout.splitlines()) == ["cli0", "cli1"]
     other = dict(os.environ, PHASEROUTE_API_KEY=keys["b"])
     for command in (["status", batch_id], ["results", batch_id], ["cancel", batch_id]):
-        proc = subprocess.run([*CLI, *command], capture_output=True, text=True, timeout=60, env=other)
+        proc = subprocess.run([*CLI, *command], check=False, capture_output=True, text=True, timeout=60, env=other)
         assert proc.returncode == 1 and "No batch found" in proc.stderr, proc.stderr
     operator = dict(os.environ)
     operator.pop("PHASEROUTE_API_KEY", None)
     for command in (["cancel", batch_id, "--tenant", "someone-else"], ["results", batch_id, "--tenant", "someone-else"],
                     ["cancel", "no-such-job", "--tenant", key_tenant[keys["a"]]]):
-        proc = subprocess.run([*CLI, *command], capture_output=True, text=True, timeout=60, env=operator)
+        proc = subprocess.run([*CLI, *command], check=False, capture_output=True, text=True, timeout=60, env=operator)
         assert proc.returncode == 1 and "not found" in proc.stderr and "cancel sent" not in proc.stderr, proc.stderr
-    hint = subprocess.run([*CLI, "submit", str(path), "--deadline", "1h"], capture_output=True, text=True, timeout=60, env=env)
+    hint = subprocess.run([*CLI, "submit", str(path), "--deadline", "1h"], check=False, capture_output=True, text=True, timeout=60, env=env)
     assert "phaseroute status" in hint.stderr
 
 
@@ -218,7 +218,7 @@ def test_cli_survives_a_broker_outage_with_one_clear_line(tmp_path: Path) -> Non
     env = dict(os.environ, PHASEROUTE_BOOTSTRAP_SERVERS="127.0.0.1:1")
     env.pop("PHASEROUTE_API_KEY", None)
     for command in (["status", "job-x"], ["submit", str(path), "--tenant", "acme", "--wait"]):
-        proc = subprocess.run([*CLI, *command], capture_output=True, text=True, timeout=120, env=env)
+        proc = subprocess.run([*CLI, *command], check=False, capture_output=True, text=True, timeout=120, env=env)
         assert proc.returncode == 1
         assert "did not answer" in proc.stderr and "Traceback" not in proc.stderr
         assert len(proc.stderr.strip().splitlines()) <= 4, proc.stderr
