@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from phaseroute.config import Settings
 from phaseroute.streams.control import ControlConfig
 from phaseroute.streams.policy import FairConfig, TenantQuota
 from phaseroute.streams.tenant_config import tenant_settings
+
+from phaseroute.config import Settings
 
 TENANT_KEYS = {"weight", "max_in_flight", "max_queued_tokens", "max_running_jobs"}
 

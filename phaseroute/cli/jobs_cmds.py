@@ -19,7 +19,13 @@ import typer
 
 from phaseroute.cli.common import console, current_settings, errors_as_messages, fail
 from phaseroute.cli.jobs_operator import (  # noqa: F401  (the demo imports them from here)
-    job_of_tenant, job_record, latest_job_states, new_job_id, output_lines, parse_deadline, publish,
+    job_of_tenant,
+    job_record,
+    latest_job_states,
+    new_job_id,
+    output_lines,
+    parse_deadline,
+    publish,
 )
 
 KEY_HELP = "A tenant's API key: go through the Batch API (env PHASEROUTE_API_KEY). Without one: operator mode."
@@ -112,7 +118,13 @@ def _snapshot(job_id: str, api_key: str | None, tenant: str | None = None) -> di
 
 def follow(job_id: str, api_key: str | None = None, timeout_s: float = 3600) -> dict[str, Any]:
     """Progress bar until the job reaches a final state; returns its last snapshot."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from phaseroute.api.client import ApiClientError
     from phaseroute.api.kafka_io import BrokerUnavailable
