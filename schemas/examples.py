@@ -46,7 +46,7 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
         "kind": "PROGRESS", "state": "RUNNING", "reason": None, "earliest_feasible_deadline": None,
         "model": MODEL, "priority": 1, "submitted_at": T0, "deadline": DEADLINE,
         "requests_total": 2, "requests_done": 1, "requests_failed": 0, "tokens_in": 21, "tokens_out": 9,
-        "deadline_missed": False, "output_file": f"/var/lib/phaseroute/results/{JOB_ID}.jsonl", "at": T0 + 4_200,
+        "deadline_missed": False, "output_file": f"tenants/{TENANT}/outputs/{JOB_ID}/", "at": T0 + 4_200,
     },
     "request": {
         "request_id": REQUEST_ID, "job_id": JOB_ID, "tenant": TENANT, "custom_id": CUSTOM_ID, "priority": 1,
@@ -88,7 +88,7 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
         "canary": None, "canary_trace": None,
     },
     "output_written": {
-        "job_id": JOB_ID, "lines": 1, "path": f"/var/lib/phaseroute/results/{JOB_ID}.jsonl",
+        "job_id": JOB_ID, "lines": 1, "path": f"tenants/{TENANT}/outputs/{JOB_ID}/",
         "writer": "result-sink.4242", "at": T0 + 510,
     },
     "phase_telemetry": {
