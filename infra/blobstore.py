@@ -6,8 +6,9 @@ One setting, ``PHASEROUTE_BLOB_STORE_URL``, names the root: a local directory by
 same root, so no path on one machine's disk ever crosses a topic: topics carry *keys*
 relative to the root.
 
-Keys are relative paths of ``[A-Za-z0-9._=-]`` parts (no ``.``/``..``, no absolute paths,
-no scheme), checked on every call, so a hostile key cannot leave the root. Each tenant's
+Keys are relative paths of ``[A-Za-z0-9._:=-]`` parts (job ids may hold ':'; no ``.``/``..``
+part, no absolute path, no scheme), checked on every call, so a hostile key cannot leave the
+root. Each tenant's
 objects live under ``tenants/<tenant>/`` (see ``tenant_prefix``); the layout below is the only
 one the services use:
 
@@ -34,7 +35,7 @@ from typing import IO, Any
 
 import fsspec
 
-_KEY_PART = re.compile(r"^[A-Za-z0-9._=-]{1,200}$")
+_KEY_PART = re.compile(r"^[A-Za-z0-9._:=-]{1,200}$")
 _TENANT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$")
 
 
@@ -52,7 +53,7 @@ def check_key(key: str) -> str:
         raise BlobKeyError(f"blob key {key!r} must be a non-empty relative path of at most 1000 characters")
     parts = key.split("/")
     if any(p in (".", "..") or not _KEY_PART.match(p) for p in parts):
-        raise BlobKeyError(f"blob key {key!r} must be a relative path of [A-Za-z0-9._=-] parts without '.' or '..'")
+        raise BlobKeyError(f"blob key {key!r} must be a relative path of [A-Za-z0-9._:=-] parts without '.' or '..'")
     return key
 
 
