@@ -159,6 +159,40 @@ def run_bench(settings: Settings, lines: int = 50_000, profile: bool = True, tim
         _stop_all(procs)
 
 
+def run_intake_only(settings: Settings, lines: int = 50_000) -> dict[str, Any]:
+    """``scan_job_input`` alone on an N-line file in a local blob store, in this process: the
+    intake's own time and memory, without the control plane around it."""
+    import resource
+    import tempfile
+
+    from phaseroute.infra.blobstore import BlobStore, file_key
+    from phaseroute.streams.intake import scan_job_input
+    from phaseroute.streams.model_catalog import load_model_info
+
+    model = load_model_info("smollm2-135m", settings.model_cache)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = BlobStore(tmp)
+        size = write_input(Path(tmp) / "in.jsonl", lines)
+        with (Path(tmp) / "in.jsonl").open("rb") as src, store.writer(file_key("bench", "file-in")) as dst:
+            dst.write(src.read())
+        job = {"job_id": "bench-intake", "tenant": "bench", "model": "smollm2-135m", "requests": [],
+               "input_file": file_key("bench", "file-in"), "sampling": {"max_tokens": 16},
+               "metadata": {"endpoint": "/v1/chat/completions"}}
+        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        started = time.perf_counter()
+        scan = scan_job_input(job, store, model)
+        scanned = time.perf_counter()
+        streamed = sum(len(t) for t in scan.texts())
+        done = time.perf_counter()
+        rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        scan.close()
+    return {"lines": lines, "file_bytes": size, "ok": scan.ok, "prompts": len(scan.prompts),
+            "scan_s": round(scanned - started, 2), "stream_back_s": round(done - scanned, 2),
+            "rendered_chars": streamed, "peak_rss_mb_before_scan": round(rss_before / 1024),
+            "peak_rss_mb_after_scan": round(rss_after / 1024),
+            "note": "one process, no control plane; measured on a shared 2-core machine"}
+
+
 def _one_line() -> bytes:
     return (json.dumps({"custom_id": "only", "method": "POST", "url": "/v1/chat/completions", "body": {
         "model": "smollm2-135m", "max_tokens": 4, "messages": [{"role": "user", "content": "Say hi."}]}}) + "\n").encode()

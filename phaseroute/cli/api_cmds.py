@@ -139,13 +139,15 @@ def import_file(file: Path = typer.Argument(..., exists=True, dir_okay=False, he
 
 def bench_admission(lines: int = typer.Option(50_000, "--lines", help="Requests in the big batch."),
                     profile: bool = typer.Option(True, "--profile/--no-profile", help="Profile the pool first."),
-                    as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout.")) -> None:
+                    as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+                    intake_only: bool = typer.Option(False, "--intake-only", help="Only scan_job_input, in this "
+                                                     "process (no stack): the intake's own time and memory.")) -> None:
     """Admission of a 50,000-line batch through the API: time, peak RSS per process, and another
     tenant's small batch meanwhile. Starts and stops its own API, control plane, sinks and worker."""
-    from phaseroute.api.admission_bench import run_bench
+    from phaseroute.api.admission_bench import run_bench, run_intake_only
 
     with _errors():
-        figures = run_bench(current_settings(), lines, profile)
+        figures = run_intake_only(current_settings(), lines) if intake_only else run_bench(current_settings(), lines, profile)
     if as_json:
         print(json.dumps(figures))
         return
