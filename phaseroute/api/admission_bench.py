@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import psutil
 
@@ -59,11 +59,11 @@ class _Peaks:
                     pass
             time.sleep(0.25)
 
-    def __enter__(self) -> _Peaks:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
-    def __exit__(self, *_: Any) -> None:
+    def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join(5)
 
@@ -141,7 +141,7 @@ def run_bench(settings: Settings, lines: int = 50_000, profile: bool = True, tim
                                                completion_window="1h")
             t_small = time.time()
             admitted, t_admitted = _wait_status(big, big_batch.id, ("in_progress", "finalizing", *FINAL), timeout_s)
-            small_in, t_small_in = _wait_status(small, small_batch.id, ("in_progress", "finalizing", *FINAL), timeout_s)
+            _, t_small_in = _wait_status(small, small_batch.id, ("in_progress", "finalizing", *FINAL), timeout_s)
             small_done, t_small_done = _wait_status(small, small_batch.id, FINAL, timeout_s)
             big.batches.cancel(big_batch.id)
             cancelled, t_cancelled = _wait_status(big, big_batch.id, FINAL, timeout_s)
