@@ -103,7 +103,7 @@ def _tenant(name: str) -> str:
     return proc.stdout.strip()
 
 
-def run_bench(settings: Settings, lines: int = 50_000, profile: bool = True, timeout_s: float = 900.0) -> dict[str, Any]:
+def run_bench(settings: Settings, lines: int = 50_000, profile: bool = True, timeout_s: float = 480.0) -> dict[str, Any]:
     from openai import OpenAI
 
     from phaseroute.infra import provision, topics
@@ -117,6 +117,7 @@ def run_bench(settings: Settings, lines: int = 50_000, profile: bool = True, tim
                        capture_output=True, timeout=900)
     provision.provision(settings.bootstrap_servers, list(topics.pool_topics(POOL)))
     procs: dict[str, subprocess.Popen] = {}
+    cleanup: list[tuple[Any, str]] = []  # (client, batch id) to cancel whatever happens
     try:
         for name, args in (("telemetry", ("sink", "telemetry")), ("results", ("sink", "results")), ("control", ("control",)),
                            ("worker", ("worker", "--pool", POOL, "--phase", "both", "--threads", "1")),
@@ -135,6 +136,7 @@ def run_bench(settings: Settings, lines: int = 50_000, profile: bool = True, tim
             big_batch = big.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                            completion_window="30d")
             t_create = time.time()
+            cleanup.append((big, big_batch.id))
             time.sleep(1.0)
             small_file = small.files.create(file=("one.jsonl", _one_line()), purpose="batch")
             small_batch = small.batches.create(input_file_id=small_file.id, endpoint="/v1/chat/completions",
@@ -156,6 +158,13 @@ def run_bench(settings: Settings, lines: int = 50_000, profile: bool = True, tim
             "logs": str(logs), "note": "measured on a shared 2-core machine; other processes were running",
         }
     finally:
+        for client, batch_id in cleanup:  # never leave 50,000 requests queued in the broker's tables
+            try:
+                if client.batches.retrieve(batch_id).status not in FINAL:
+                    client.batches.cancel(batch_id)
+                    _wait_status(client, batch_id, FINAL, 120)
+            except Exception as exc:  # noqa: BLE001  (report and go on stopping the processes)
+                print(f"could not cancel {batch_id}: {exc}; cancel it with `phaseroute cancel`", file=sys.stderr)
         _stop_all(procs)
 
 
