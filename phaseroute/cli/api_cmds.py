@@ -146,7 +146,7 @@ def bench_admission(lines: int = typer.Option(50_000, "--lines", help="Requests 
     tenant's small batch meanwhile. Starts and stops its own API, control plane, sinks and worker."""
     from phaseroute.api.admission_bench import run_bench, run_intake_only
 
-    with _errors():
+    with _errors(), errors_as_messages(TimeoutError):
         figures = run_intake_only(current_settings(), lines) if intake_only else run_bench(current_settings(), lines, profile)
     if as_json:
         print(json.dumps(figures))
