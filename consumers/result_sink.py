@@ -1,49 +1,52 @@
-"""Result sink: every job's results into its output file, exactly one line per request.
+"""Result sink: every job's results into its output in the blob store, one line per request.
 
-Life of a result here: a decode (or colocated) worker produced a ``result`` record keyed by
-job_id, so one job's results arrive on one partition, in one sink. The sink appends the
-OpenAI-Batch-shaped line to ``<results_dir>/<job_id>.jsonl`` unless that custom id is
-already there (replays and speculative copies are dropped by id) and fsyncs the file. Then,
-for every job in the batch, it sends a receipt (``output_written`` on ``results.written``) with
-the number of lines the file now durably holds; the control plane completes a job only on a
-receipt that covers every request, so a COMPLETED job's output file is whole. The loop
-commits the offsets after the receipts are produced. A sink killed at any point redoes at most
-the uncommitted tail, and the file's own content makes that idempotent; a replayed batch sends
-its receipts again, which the control plane reads as "at least this many lines".
+Life of a result here: a decode (or colocated) worker, or the control plane for a request
+that gave up or was cancelled, produced a ``result`` record keyed by job_id, so one job's
+results arrive on one partition, in one sink. For each job in a batch the sink writes the
+OpenAI-Batch-shaped lines of custom ids not yet written as one part object under
+``tenants/<tenant>/outputs/<job_id>/`` (consumers/output_file.py; replays and speculative copies
+are dropped by id). Then it sends a receipt (``output_written`` on ``results.written``) with the
+number of lines the job's output now durably holds; the control plane completes a job only on
+a receipt that covers every request, so a COMPLETED job's output is whole. The loop commits
+the offsets after the receipts are produced. A sink killed at any point redoes at most the
+uncommitted tail, and the parts' own content makes that idempotent.
+
+A result whose job id or tenant cannot name a blob key (admission refuses such jobs, so only
+a hostile producer makes one) goes to the dead-letter topic with the reason.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from phaseroute.consumers.handler import Completion, Output, WorkItem
 from phaseroute.consumers.offsets import TopicPartition
-from phaseroute.consumers.output_file import JobOutputFile, openai_batch_line
+from phaseroute.consumers.output_file import JobOutput, openai_batch_line
+from phaseroute.infra.blobstore import BlobStore
+from phaseroute.infra.topics import spec_for
 
-RECEIPT_TOPIC = "results.written"
+RECEIPT_TOPIC = spec_for("results.written").name
 
 
 class ResultSinkHandler:
-    """Writes result records to per-job output files."""
+    """Writes result records to per-job part objects in the blob store."""
 
-    def __init__(self, results_dir: Path, writer: str) -> None:
-        self.results_dir = results_dir
+    def __init__(self, store: BlobStore, writer: str) -> None:
+        self.store = store
         self.writer = writer
-        self._files: dict[str, JobOutputFile] = {}
+        self._jobs: dict[tuple[str, str], JobOutput] = {}
         self.written = 0
         self.duplicates = 0
 
-    def output_path(self, job_id: str) -> Path:
-        if not job_id or "/" in job_id or job_id.startswith("."):
-            raise ValueError(f"job id {job_id!r} cannot name an output file")
-        return self.results_dir / f"{job_id}.jsonl"
-
-    def _file(self, job_id: str) -> JobOutputFile:
-        if job_id not in self._files:
-            self._files[job_id] = JobOutputFile(self.output_path(job_id))
-        return self._files[job_id]
+    def _output(self, tenant: str, job_id: str) -> JobOutput:
+        key = (tenant, job_id)
+        if key not in self._jobs:
+            try:
+                self._jobs[key] = JobOutput(self.store, tenant, job_id)
+            except ValueError:
+                raise ValueError(f"job id {job_id!r} of tenant {tenant!r} cannot name an output in the blob store") from None
+        return self._jobs[key]
 
     def capacity(self) -> int:
         return 10_000
@@ -52,27 +55,27 @@ class ResultSinkHandler:
         return True
 
     def admit(self, items: list[WorkItem]) -> list[Completion]:
-        last_of_job: dict[str, Completion] = {}
-        done = []
+        done: list[Completion] = []
+        by_job: dict[tuple[str, str], list[tuple[WorkItem, Completion]]] = {}
         for item in items:
             result = item.record
             try:
-                out = self._file(result["job_id"])
+                self._output(result["tenant"], result["job_id"])
             except ValueError as exc:
                 done.append(Completion(item, dead_letter_reason=str(exc), error_class="InvalidJobId"))
                 continue
-            if out.append(openai_batch_line(result)):
-                self.written += 1
-            else:
-                self.duplicates += 1
             done.append(Completion(item))
-            last_of_job[result["job_id"]] = done[-1]
+            by_job.setdefault((result["tenant"], result["job_id"]), []).append((item, done[-1]))
         at = int(time.time() * 1000)
-        for job_id, completion in last_of_job.items():
-            out = self._files[job_id]
-            out.sync()  # durable before the receipt says so
-            completion.outputs.append(Output(RECEIPT_TOPIC, job_id, "output_written", {
-                "job_id": job_id, "lines": len(out.written), "path": str(out.path), "writer": self.writer, "at": at}))
+        for key, entries in by_job.items():
+            out = self._jobs[key]
+            first = entries[0][0]
+            lines = [openai_batch_line(item.record) for item, _ in entries]
+            wrote = out.write_part(first.tp[1], first.offset, lines)  # durable before the receipt says so
+            self.written += wrote
+            self.duplicates += len(lines) - wrote
+            entries[-1][1].outputs.append(Output(RECEIPT_TOPIC, key[1], "output_written", {
+                "job_id": key[1], "lines": len(out.written), "path": out.prefix, "writer": self.writer, "at": at}))
         return done
 
     def step(self) -> list[Completion]:
@@ -91,5 +94,4 @@ class ResultSinkHandler:
         return {"batch_in_flight": 0, "max_batch": 0, "memory_bytes": 0, "kv_free_bytes": 0, "at": time.time()}
 
     def close(self) -> None:
-        for out in self._files.values():
-            out.close()
+        self._jobs.clear()

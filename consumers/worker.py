@@ -133,9 +133,10 @@ def run(loop: WorkerLoop, heartbeat: Heartbeat | None) -> None:
 
 def build_result_sink(settings: Settings, group_suffix: str = "") -> WorkerLoop:
     from phaseroute.consumers.result_sink import ResultSinkHandler
+    from phaseroute.infra.blobstore import open_blob_store
 
     client_id = f"result-sink.{os.getpid()}"
-    handler = ResultSinkHandler(settings.results_dir, writer=client_id)
+    handler = ResultSinkHandler(open_blob_store(settings.blob_store), writer=client_id)
     config = LoopConfig(
         bootstrap=settings.bootstrap_servers, group_id="phaseroute.result-sink" + group_suffix,
         client_id=client_id, topic_kinds={"results": "result"}, service="result-sink",

@@ -82,6 +82,7 @@ CANARY_RESULTS = "canary.results"
 TELEMETRY_DRIFT = "telemetry.drift"
 QUALITY_ALERTS = "quality.alerts"
 DEADLETTER = "deadletter"
+TENANTS = "tenants"
 
 
 def prefill_topic(pool: str) -> str:
@@ -114,6 +115,7 @@ STATIC_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(CANARY_RESULTS, 1, "result", "job_id", "Results of drift canaries (tenant _canary), for the drift monitor; real results go to results.", retention_ms=DAY_MS),
     TopicSpec(TELEMETRY_DRIFT, 1, "drift_measurement", "model|prefill_pool|decode_pool", "Canary drift per path and round (drift monitor), for ClickHouse.", retention_ms=30 * DAY_MS),
     TopicSpec(QUALITY_ALERTS, 1, "quality_alert", "model|prefill_pool|decode_pool", "Paths demoted from, or restored to, EXACT-tier work by the drift monitor.", retention_ms=30 * DAY_MS),
+    TopicSpec(TENANTS, 1, "tenant", "tenant name", "The tenant registry (compacted): weights, quotas and hashed API keys per tenant.", compacted=True, retention_ms=-1),
     TopicSpec(DEADLETTER, 1, "dead_letter", "source topic", "Undecodable or invalid messages, each with its reason.", retention_ms=30 * DAY_MS),
 )
 

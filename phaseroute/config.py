@@ -57,6 +57,34 @@ class Settings(BaseSettings):
         description="KV blob store: a directory path or an fsspec URL (memory://, s3://...). Unset: home/kv.",
     )
 
+    kafka_client_config: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra librdkafka properties for a real cluster, as JSON: e.g. "
+        '{"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "...", '
+        '"sasl.password": "..."}. The local broker needs none.',
+    )
+    blob_store_url: str | None = Field(
+        default=None,
+        description="Blob store of uploaded input files and output files: a directory or an fsspec URL "
+        "(memory://, s3://bucket/prefix, gs://...). Unset: home/blobs. Every process of a deployment uses the same one.",
+    )
+    api_host: str = Field(default="127.0.0.1", description="Address the Batch API (`phaseroute api`) listens on.")
+    api_port: int = Field(default=8000, ge=1, le=65535, description="Port of the Batch API.")
+    api_url: str | None = Field(
+        default=None, description="Where clients (the CLI) reach the Batch API. Unset: http://<api_host>:<api_port>/v1.",
+    )
+    api_key: str | None = Field(default=None, description="A tenant's API key for the CLI's submit/status/results/cancel.")
+    max_requests_per_file: int = Field(default=50_000, ge=1, description="Most requests in one batch input file.")
+    max_input_bytes: int = Field(default=200 * 1024 * 1024, ge=1, description="Largest batch input file (bytes).")
+    max_line_errors: int = Field(default=100, ge=1, description="Most per-line errors listed for an invalid input file.")
+    query_token: str | None = Field(
+        default=None, description="Bearer token of the SQL endpoint. Unset: a random token the telemetry service "
+        "writes to home/secrets/query-token (mode 0600), which local clients read.",
+    )
+    query_timeout_s: float = Field(default=20.0, gt=0, description="Longest run of one analyst SQL query (seconds).")
+    query_max_memory_bytes: int = Field(default=1 << 30, ge=1 << 20, description="Memory limit of one analyst SQL query (bytes).")
+    query_concurrency: int = Field(default=2, ge=1, description="Analyst SQL queries served at once; more get 503.")
+
     _external_kafka: bool = PrivateAttr(default=True)
 
     @field_validator("bootstrap_servers")
@@ -109,6 +137,18 @@ class Settings(BaseSettings):
     @property
     def results_dir(self) -> Path:
         return self.home / "results"
+
+    @property
+    def blob_store(self) -> str:
+        return self.blob_store_url or str(self.home / "blobs")
+
+    @property
+    def api_base_url(self) -> str:
+        return self.api_url or f"http://{self.api_host}:{self.api_port}/v1"
+
+    @property
+    def query_token_file(self) -> Path:
+        return self.home / "secrets" / "query-token"
 
     def clickhouse_dsn(self) -> str:
         """The clickhouse-connect DSN: the server URL if set, else embedded chdb on home/chdb."""

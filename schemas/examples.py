@@ -46,7 +46,7 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
         "kind": "PROGRESS", "state": "RUNNING", "reason": None, "earliest_feasible_deadline": None,
         "model": MODEL, "priority": 1, "submitted_at": T0, "deadline": DEADLINE,
         "requests_total": 2, "requests_done": 1, "requests_failed": 0, "tokens_in": 21, "tokens_out": 9,
-        "deadline_missed": False, "output_file": f"/var/lib/phaseroute/results/{JOB_ID}.jsonl", "at": T0 + 4_200,
+        "deadline_missed": False, "output_file": f"tenants/{TENANT}/outputs/{JOB_ID}/", "at": T0 + 4_200,
     },
     "request": {
         "request_id": REQUEST_ID, "job_id": JOB_ID, "tenant": TENANT, "custom_id": CUSTOM_ID, "priority": 1,
@@ -89,7 +89,7 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
         "canary": None, "canary_trace": None,
     },
     "output_written": {
-        "job_id": JOB_ID, "lines": 1, "path": f"/var/lib/phaseroute/results/{JOB_ID}.jsonl",
+        "job_id": JOB_ID, "lines": 1, "path": f"tenants/{TENANT}/outputs/{JOB_ID}/",
         "writer": "result-sink.4242", "at": T0 + 510,
     },
     "phase_telemetry": {
@@ -137,6 +137,12 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
         "reason": "mean KL 0.7036 nats > 1e-06 (EXACT) in 1 consecutive round(s)", "greedy_agreement": 0.0417,
         "top1_agreement": 0.6167, "mean_kl": 0.7036, "max_kl": 2.4818,
         "measurement_id": f"{MODEL}|cpu-fp32-a|cpu-int8-b|12", "at": T0 + 90_000,
+    },
+    "tenant": {
+        "name": TENANT, "weight": 2.0, "max_in_flight": 64, "max_queued_tokens": 2_000_000, "max_running_jobs": 10,
+        "keys": [{"key_id": "3f9a1c0b7d2e", "key_hash": "sha256:3f9a1c0b7d2e" + "0" * 52, "created_at": T0 - 86_400_000,
+                  "revoked_at": None}],
+        "disabled": False, "updated_at": T0 - 86_400_000,
     },
     "dead_letter": {
         "source_topic": "jobs.submitted", "partition": 0, "offset": 1_207, "key": JOB_ID.encode(),

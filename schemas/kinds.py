@@ -11,6 +11,7 @@ from phaseroute.schemas.ops_records import (
     PoolHeartbeat,
     ProfileRow,
     QualityAlert,
+    Tenant,
 )
 from phaseroute.schemas.records import (
     DecodeWork,
@@ -30,6 +31,7 @@ RECORD_TYPES: dict[str, type[AvroRecord]] = {
     for cls in (
         JobSubmitted, JobCommand, JobEvent, Request, PrefillWork, KvReady, DecodeWork, Result, OutputWritten,
         PhaseTelemetry, PoolHeartbeat, ProfileRow, DeadLetter, AttemptFailed, DriftMeasurement, QualityAlert,
+        Tenant,
     )
 }
 

@@ -199,3 +199,24 @@ class DeadLetter(AvroRecord):
     traceback: str | None = None
     service: str
     at: int
+
+
+@record
+class ApiKey(AvroRecord):
+    key_id: str
+    key_hash: str
+    created_at: int
+    revoked_at: int | None = None
+
+
+@record
+class Tenant(AvroRecord):
+    KIND: ClassVar[str] = "tenant"
+    name: str
+    weight: float = 1.0
+    max_in_flight: int | None = None
+    max_queued_tokens: int | None = None
+    max_running_jobs: int | None = None
+    keys: list[ApiKey] = field(default_factory=list)
+    disabled: bool = False
+    updated_at: int

@@ -2,8 +2,9 @@
 
 Life of a job through the agents (each hands its record to ``ControlShell``, which asks the
 pure ``ControlCore`` and returns what to send):
-- ``submit`` on ``jobs.submitted``: intake (render + tokenize) runs in a worker thread, off the
-  event loop, then admission -> ``requests.pending`` and ``jobs.events`` / ``jobs.state``;
+- ``submit`` on ``jobs.submitted``: intake (the input from the tenant's blob-store prefix,
+  validated, rendered, tokenized) runs in a worker thread, off the event loop, then admission ->
+  ``jobs.events`` / ``jobs.state`` and the requests streamed to ``requests.pending``;
 - ``pending`` on ``requests.pending`` -> the fair queues (the text goes to the ``prompts`` table);
 - the ``dispatch`` timer (every ``tick_s``) -> ``prefill.<pool>`` work, retries, speculative
   copies, work of dead pools placed again, expiries;
@@ -28,7 +29,7 @@ import concurrent.futures
 import json
 import logging
 import time
-from collections.abc import MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ import faust
 
 from phaseroute.config import Settings
 from phaseroute.infra import topics
+from phaseroute.infra.blobstore import open_blob_store, output_prefix
 from phaseroute.infra.topics import CONTROL_PARTITIONS
 from phaseroute.schemas import faust_codec  # noqa: F401  (registers the phaseroute-avro codecs)
 from phaseroute.schemas.deadletter import to_dead_letter
@@ -73,11 +75,12 @@ class TableStore:
 
 
 def build_app(settings: Settings, tenants_file: Path | None = None, models: tuple[str, ...] = ("smollm2-135m",),
-              **overrides: Any) -> tuple[faust.App, dict[str, Any]]:
+              tenant_records: Iterable[Mapping[str, Any]] = (), **overrides: Any) -> tuple[faust.App, dict[str, Any]]:
     """The Faust app and a handle dict (``shell``, ``core``, views) for the caller to inspect.
-    ``overrides`` are ``CoreConfig`` fields (tests shorten timeouts with them)."""
+    Tenants come from the registry's records (and a YAML file of them); ``overrides`` are
+    ``CoreConfig`` fields (tests shorten timeouts with them)."""
     infos = {m: load_model_info(m, settings.model_cache) for m in models}
-    config = core_config(infos, tenants_file, **overrides)
+    config = core_config(infos, tenants_file, tenant_records, **overrides)
     app = faust.App(
         APP_ID, broker=f"kafka://{settings.bootstrap_servers}", store="memory://", web_enabled=False,
         topic_partitions=CONTROL_PARTITIONS, topic_replication_factor=1, consumer_auto_offset_reset="earliest",
@@ -94,15 +97,14 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
     prompts = table("prompts")
     core = ControlCore(config, store)
     profile_view, pool_view = ProfileView(), PoolView(dead_after_s=config.heartbeat_timeout_s)
-    shell = ControlShell(core, prompts, infos, lambda job_id: f"{settings.results_dir}/{job_id}.jsonl", pool_view,
-                         profile_view)
+    shell = ControlShell(core, prompts, infos, output_prefix, pool_view, profile_view, open_blob_store(settings.blob_store))
     intake_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="intake")
     handle: dict[str, Any] = {"shell": shell, "core": core, "profiles": profile_view, "pools": pool_view,
                               "followers": [], "ready": False, "restoring": False}
     out_topics: dict[tuple[str, str], faust.TopicT] = {}
     dead = topic(topics.DEADLETTER, "dead_letter")
 
-    async def send_all(sends: list[Send]) -> None:
+    async def send_all(sends: Iterable[Send]) -> None:
         for s in sends:
             target = out_topics.get((s.topic, s.kind))
             if target is None:
@@ -128,10 +130,9 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
                 record = value.to_dict() if hasattr(value, "to_dict") else value
                 try:
                     if kind == "job_submitted":
-                        items, error = await asyncio.get_running_loop().run_in_executor(
-                            intake_pool, shell.intake, record)
-                        sends = shell.submitted(record, items, error, time.time(), (m.topic, m.partition, m.offset,
-                                                                                     record))
+                        scan = await asyncio.get_running_loop().run_in_executor(intake_pool, shell.intake, record)
+                        sends: Iterable[Send] = shell.submitted(record, scan, time.time(),
+                                                                (m.topic, m.partition, m.offset, record))
                     else:
                         sends = shell.on_record(kind, record, time.time(), (m.topic, m.partition, m.offset, record))
                     await send_all(sends)

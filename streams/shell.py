@@ -2,9 +2,12 @@
 
 Life of a job through the shell (the Faust app in ``app.py`` only moves records between Kafka
 and these methods, and persists the mappings it is given):
-- ``intake`` (run outside the event loop: it reads and tokenizes) renders and counts a submitted
-  job's prompts; ``submitted`` hands the counts to the core and sends each admitted request to
-  ``requests.pending`` with its text, and the job's events to ``jobs.events`` / ``jobs.state``.
+- ``intake`` (run outside the event loop: it reads and tokenizes) streams a submitted job's input
+  from the tenant's own blob-store prefix, validates it line by line, renders and counts the
+  prompts into a spool (``streams/intake.py``); ``submitted`` hands the counts to the core and,
+  once the job is ADMITTED, streams each request to ``requests.pending`` with its text from the
+  spool (a 50,000-line job is never a list of records in memory); the line errors of an
+  invalid file go to the blob store for the Batch API.
 - ``on_record`` turns every other record into its core event (``edge.py``); a request read back
   from ``requests.pending`` leaves its text and sampling in ``prompts`` — the only place the text
   is kept — and ``Dispatch`` decisions read it from there to build ``prefill.<pool>`` work. The
@@ -22,10 +25,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 from phaseroute.infra import topics
+from phaseroute.infra.blobstore import BlobStore
 from phaseroute.schemas.deadletter import to_dead_letter
 from phaseroute.schemas.enums import DeadLetterStage, Phase
 from phaseroute.streams import edge
@@ -35,8 +39,9 @@ from phaseroute.streams.core import (
 )
 from phaseroute.streams.core.events import Event
 from phaseroute.streams.edge import Send
-from phaseroute.streams.intake import IntakeError, PromptItem, prompts_of
+from phaseroute.streams.intake import IntakeLimits, IntakeScan, scan_job_input
 from phaseroute.streams.model_catalog import ModelInfo
+from phaseroute.streams.validation_report import write_validation_errors
 from phaseroute.streams.policy import FailureKind
 from phaseroute.streams.views import PoolView, ProfileView
 
@@ -54,8 +59,10 @@ Origin = tuple[str, int | None, int | None, dict[str, Any]]  # topic, partition,
 
 class ControlShell:
     def __init__(self, core: ControlCore, prompts: MutableMapping[str, Any], models: dict[str, ModelInfo],
-                 output_file: Callable[[str], str | None], pools: PoolView, profiles: ProfileView) -> None:
+                 output_file: Callable[[str, str], str | None], pools: PoolView, profiles: ProfileView,
+                 store: BlobStore | None = None, limits: IntakeLimits = IntakeLimits()) -> None:
         self.core = core
+        self.store, self.limits = store, limits
         self.prompts = prompts  # request id -> {"prompt": text, "sampling": {...}}
         self.models = models
         self.output_file = output_file
@@ -63,28 +70,41 @@ class ControlShell:
         self._profiles_version: object = None
 
     # -- jobs in -------------------------------------------------------------------------------
-    def intake(self, record: dict[str, Any]) -> tuple[list[PromptItem], str | None]:
-        """Render and count the job's prompts (blocking: run it off the event loop)."""
+    def intake(self, record: dict[str, Any]) -> IntakeScan | None:
+        """Read, validate, render and count the job's input (blocking: run it off the event loop).
+        None when there is nothing to read: an unknown model (the core answers the job)."""
         model = self.models.get(record["model"])
         if model is None:
-            return [], f"unknown model {record['model']!r}; this deployment serves {sorted(self.models)}"
-        try:
-            return prompts_of(record, model), None
-        except IntakeError as exc:
-            return [], str(exc)
+            return None
+        return scan_job_input(record, self.store, model, self.limits)
 
-    def submitted(self, record: dict[str, Any], items: list[PromptItem], error: str | None, now: float,
-                  origin: Origin | None = None) -> list[Send]:
-        sizes = [PromptSize(p.custom_id, p.tokens, p.max_tokens) for p in items]
-        event = edge.job_submitted(record, sizes, error)
+    def submitted(self, record: dict[str, Any], scan: IntakeScan | None, now: float,
+                  origin: Origin | None = None) -> Iterator[Send]:
+        """The job's verdict, then (admitted) its requests, streamed from the scan's spool."""
+        error = None
+        if scan is None:
+            error = f"unknown model {record['model']!r}; this deployment serves {sorted(self.models)}"
+        elif not scan.ok:
+            error = scan.reason()
+            if scan.errors and self.store is not None:
+                write_validation_errors(self.store, record["tenant"], record["job_id"], scan)
+        sizes = [PromptSize(p.custom_id, p.tokens, p.max_tokens) for p in scan.prompts] if scan and scan.ok else []
         out = self._observe(now)  # admission judges against the fleet as it is now
-        decisions = self.core.handle(event, now)
-        for d in decisions:
-            if isinstance(d, QueueRequest):
-                text = items[d.prompt_index].text
-                out.append(Send(topics.REQUESTS_PENDING, d.request.tenant, "request",
-                                edge.pending_request(d.request, text, record["sampling"], int(record["submitted_at"]))))
-        return out + self.sends_of([d for d in decisions if not isinstance(d, QueueRequest)], now, origin)
+        decisions = self.core.handle(edge.job_submitted(record, sizes, error), now)
+        queued = [d for d in decisions if isinstance(d, QueueRequest)]
+        # the verdict first: results of a big job's first requests may come back while the rest stream
+        out += self.sends_of([d for d in decisions if not isinstance(d, QueueRequest)], now, origin)
+        yield from out
+        if not queued or scan is None:
+            if scan is not None:
+                scan.close()
+            return
+        try:
+            for d, text in zip(queued, scan.texts(), strict=True):
+                yield Send(topics.REQUESTS_PENDING, d.request.tenant, "request",
+                           edge.pending_request(d.request, text, record["sampling"], int(record["submitted_at"])))
+        finally:
+            scan.close()
 
     # -- everything else -----------------------------------------------------------------------
     def on_record(self, kind: str, record: dict[str, Any], now: float, origin: Origin | None = None) -> list[Send]:
@@ -127,7 +147,7 @@ class ControlShell:
                 topic = topics.CANARY_RESULTS if d.work.tenant == self.core.config.canary_tenant else topics.RESULTS
                 out.append(Send(topic, d.work.job_id, "result", edge.failed_result(d, now)))
             elif isinstance(d, JobChanged):
-                output = self.output_file(d.job["job_id"]) if d.job["requests_total"] else None
+                output = self.output_file(d.job["tenant"], d.job["job_id"]) if d.job["requests_total"] else None
                 out += edge.job_event_sends(d, now, output)
             elif isinstance(d, Forget):
                 for rid in d.request_ids:

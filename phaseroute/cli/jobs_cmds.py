@@ -1,192 +1,234 @@
-"""Producer and operator commands: ``control``, ``submit``, ``status``, ``results``, ``cancel``.
+"""Producer commands ``submit``, ``status``, ``results``, ``cancel``, plus ``control`` and ``demo``.
 
-A producer that does not use this CLI publishes the same Avro record itself: a
-``job_submitted`` (schemas/avro/job_submitted.avsc) in Avro single-object encoding on topic
-``jobs.submitted`` with the job id as key (confluent-kafka: partitioner murmur2_random).
+With an API key (``--api-key`` or ``PHASEROUTE_API_KEY``) the job commands go through the
+Batch API at ``PHASEROUTE_API_URL`` (default http://127.0.0.1:<api_port>/v1), exactly as an
+``openai`` SDK user would: the key decides the tenant, and another tenant's batch is "not
+found". Without a key they are operator commands that read and write Kafka and the blob
+store directly (``--tenant`` names the owner; an unknown job or another tenant's job is "not
+found" too). A cluster that does not answer is one line, not a traceback.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from phaseroute.cli.common import console, current_settings, fail
+from phaseroute.cli.common import console, current_settings, errors_as_messages, fail
+from phaseroute.cli.jobs_operator import (  # noqa: F401  (the demo imports them from here)
+    job_of_tenant,
+    job_record,
+    latest_job_states,
+    new_job_id,
+    output_lines,
+    parse_deadline,
+    publish,
+)
 
-INLINE_LIMIT_BYTES = 256 * 1024
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
-
-
-def parse_deadline(text: str, now: float) -> float:
-    """'90s', '30m', '2h', '1d' from now, or an ISO-8601 time; epoch seconds."""
-    match = _DURATION.match(text.strip())
-    if match:
-        return now + float(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
-    from datetime import datetime
-
-    try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        raise ValueError(f"deadline {text!r} is neither a duration (90s, 30m, 2h, 1d) nor an ISO-8601 time") from None
+KEY_HELP = "A tenant's API key: go through the Batch API (env PHASEROUTE_API_KEY). Without one: operator mode."
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "EXPIRED", "REJECTED"}
+FINAL_STATUSES = {"completed", "failed", "expired", "cancelled"}
 
 
-def job_record(file: Path, tenant: str, priority: int, deadline_s: float, job_id: str, quality: str, model: str,
-               max_tokens: int, tolerance: float | None) -> dict[str, Any]:
-    """A ``job_submitted`` record for an OpenAI Batch input file (inline when small)."""
-    now_ms = int(time.time() * 1000)
-    record: dict[str, Any] = {
-        "job_id": job_id, "tenant": tenant, "priority": priority, "submitted_at": now_ms,
-        "deadline": int(deadline_s * 1000), "model": model, "quality_tier": quality.upper(),
-        "quality_tolerance": tolerance, "sampling": {"temperature": 0.0, "top_p": 1.0, "max_tokens": max_tokens},
-        "requests": [], "input_file": None,
-    }
-    if file.stat().st_size > INLINE_LIMIT_BYTES:
-        record["input_file"] = str(file.resolve())
-        return record
-    from phaseroute.streams.intake import read_input_file
+def _errors():  # type: ignore[no-untyped-def]
+    from phaseroute.api.client import ApiClientError
+    from phaseroute.api.kafka_io import BrokerUnavailable
 
-    for item in read_input_file(str(file)):
-        record["requests"].append({"custom_id": item["custom_id"], "prompt": item["prompt"],
-                                   "messages": item["messages"], "max_tokens": item["max_tokens"]})
-    return record
+    return errors_as_messages(ValueError, RuntimeError, BrokerUnavailable, ApiClientError, OSError)
 
 
-def publish(bootstrap: str, topic: str, key: str, kind: str, record: dict[str, Any]) -> None:
-    from confluent_kafka import Producer
+def _client(key: str | None):  # type: ignore[no-untyped-def]
+    from phaseroute.api.client import BatchClient
 
-    from phaseroute.schemas import serde
-
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-                         "partitioner": "murmur2_random", "message.max.bytes": 8 * 1024 * 1024})
-    producer.produce(topic, key=key.encode(), value=serde.encode(kind, record))
-    if producer.flush(30):
-        raise RuntimeError(f"the cluster at {bootstrap} did not acknowledge the {kind} within 30 s")
+    settings = current_settings()
+    key = key or settings.api_key
+    return BatchClient(settings.api_base_url, key) if key else None
 
 
-def latest_job_states(bootstrap: str, idle_s: float = 1.0) -> dict[str, dict[str, Any]]:
-    """The latest event per job from the compacted ``jobs.state`` topic."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+def _need_tenant(client: Any, tenant: str | None) -> None:
+    if client is None and not tenant:
+        fail("give --api-key (or PHASEROUTE_API_KEY) to go through the Batch API, or --tenant for operator mode")
 
-    from phaseroute.schemas import serde
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"status-{uuid.uuid4().hex}", "enable.auto.commit": False})
-    meta = consumer.list_topics("jobs.state", timeout=10).topics["jobs.state"]
-    parts = [TopicPartition("jobs.state", p, OFFSET_BEGINNING) for p in meta.partitions]
-    ends = {p.partition: consumer.get_watermark_offsets(p, timeout=10)[1] for p in parts}
-    consumer.assign(parts)
-    states: dict[str, dict[str, Any]] = {}
-    done = {p for p, end in ends.items() if end == 0}
-    deadline = time.time() + 30
-    while len(done) < len(ends) and time.time() < deadline:
-        msg = consumer.poll(idle_s)
-        if msg is None or msg.error():
-            continue
-        event = serde.decode(msg.value(), "job_event")[1]
-        if event["job_id"] not in states or states[event["job_id"]]["at"] <= event["at"]:
-            states[event["job_id"]] = event
-        if msg.offset() + 1 >= ends[msg.partition()]:
-            done.add(msg.partition())
-    consumer.close()
-    return states
+def _window(deadline: str) -> str:
+    text = deadline.strip()
+    if text[-1:] in "smhd" and text[:-1].replace(".", "", 1).isdigit():
+        return text
+    seconds = parse_deadline(text, time.time()) - time.time()
+    return f"{max(1, int(seconds))}s"
 
 
 def submit(
     file: Path = typer.Argument(..., exists=True, dir_okay=False, help="OpenAI Batch input JSONL."),
-    tenant: str = typer.Option(..., "--tenant"),
+    api_key: str = typer.Option(None, "--api-key", help=KEY_HELP),
+    tenant: str = typer.Option(None, "--tenant", help="Operator mode: the tenant that owns the job."),
     priority: int = typer.Option(1, "--priority"),
     deadline: str = typer.Option("2h", "--deadline", help="Duration from now (90s, 30m, 2h) or ISO-8601 time."),
-    job_id: str = typer.Option(None, "--job-id", help="Client-chosen id: resubmitting it never runs the job twice."),
+    job_id: str = typer.Option(None, "--job-id", help="Operator mode: client-chosen id (resubmitting never runs it twice)."),
+    idempotency_key: str = typer.Option(None, "--idempotency-key", help="API mode: the same key never creates two batches."),
     quality: str = typer.Option("exact", "--quality", help="exact or approximate."),
     tolerance: float = typer.Option(None, "--tolerance", help="Approximate tier: accepted quality loss (0..1)."),
-    model: str = typer.Option("smollm2-135m", "--model"),
-    max_tokens: int = typer.Option(64, "--max-tokens", help="Default max_tokens for lines that set none."),
+    model: str = typer.Option("smollm2-135m", "--model", help="Operator mode: the model (API mode: body.model)."),
+    max_tokens: int = typer.Option(64, "--max-tokens", help="Operator mode: max_tokens for lines that set none."),
     wait: bool = typer.Option(False, "--wait", help="Show progress until the job finishes."),
 ) -> None:
-    """Publish a job to jobs.submitted (and follow it with --wait)."""
-    settings = current_settings()
+    """Submit a batch: through the API with a key, or (operator) straight to jobs.submitted."""
     if quality not in ("exact", "approximate"):
         fail(f"--quality {quality!r} must be exact or approximate")
-    try:
-        record = job_record(file, tenant, priority, parse_deadline(deadline, time.time()), job_id or f"job-{uuid.uuid4().hex[:12]}",
-                            quality, model, max_tokens, tolerance)
-        publish(settings.bootstrap_servers, "jobs.submitted", record["job_id"], "job_submitted", record)
-    except (ValueError, RuntimeError) as exc:
-        fail(str(exc))
-    print(record["job_id"])
+    client = _client(api_key)
+    _need_tenant(client, tenant)
+    with _errors():
+        if client is not None:
+            metadata = {"priority": str(priority), "quality_tier": quality}
+            if tolerance is not None:
+                metadata["quality_tolerance"] = str(tolerance)
+            uploaded = client.upload(file)
+            batch = client.create(uploaded["id"], "/v1/chat/completions", _window(deadline), metadata, idempotency_key)
+            job = batch["id"]
+        else:
+            settings = current_settings()
+            record = job_record(file, tenant, priority, parse_deadline(deadline, time.time()), job_id or new_job_id(),
+                                quality, model, max_tokens, tolerance, settings.blob_store)
+            publish(settings.bootstrap_servers, "jobs.submitted", record["job_id"], "job_submitted", record)
+            job = record["job_id"]
+    print(job)
     if wait:
-        follow(settings.bootstrap_servers, record["job_id"])
+        follow(job, api_key)
+    else:
+        console.print(f"submitted; follow it with `phaseroute status {job}` or `phaseroute submit ... --wait`",
+                      highlight=False)
 
 
-def follow(bootstrap: str, job_id: str, timeout_s: float = 3600) -> dict[str, Any]:
-    """Progress bar until the job reaches a final state; returns its last event."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _snapshot(job_id: str, api_key: str | None, tenant: str | None = None) -> dict[str, Any]:
+    """(API) the batch object, or (operator) the job's latest event, as one dict."""
+    client = _client(api_key)
+    if client is not None:
+        batch = client.batch(job_id)
+        counts = batch["request_counts"]
+        return {"mode": "api", "state": batch["status"], "final": batch["status"] in FINAL_STATUSES,
+                "total": counts["total"], "finished": counts["completed"] + counts["failed"], "record": batch}
+    event = job_of_tenant(current_settings().bootstrap_servers, job_id, tenant)
+    return {"mode": "operator", "state": event["state"], "final": event["state"] in FINAL_STATES,
+            "total": event["requests_total"], "finished": event["requests_done"] + event["requests_failed"],
+            "record": event}
 
-    final = {"COMPLETED", "FAILED", "CANCELLED", "EXPIRED", "REJECTED"}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as bar:
+
+def follow(job_id: str, api_key: str | None = None, timeout_s: float = 3600) -> dict[str, Any]:
+    """Progress bar until the job reaches a final state; returns its last snapshot."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from phaseroute.api.client import ApiClientError
+    from phaseroute.api.kafka_io import BrokerUnavailable
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                             console=console) as bar:
         task = bar.add_task(job_id, total=None)
         deadline = time.time() + timeout_s
         while time.time() < deadline:
-            event = latest_job_states(bootstrap).get(job_id)
-            if event:
-                bar.update(task, total=event["requests_total"] or None, completed=event["requests_done"] + event["requests_failed"],
-                           description=f"{job_id} {event['state']}")
-                if event["state"] in final:
-                    return event
+            try:
+                snap = _snapshot(job_id, api_key)
+            except ValueError:  # not in jobs.state yet
+                time.sleep(1.0)
+                continue
+            except (BrokerUnavailable, ApiClientError) as exc:
+                fail(str(exc))
+            bar.update(task, total=snap["total"] or None, completed=snap["finished"], description=f"{job_id} {snap['state']}")
+            if snap["final"]:
+                return snap
             time.sleep(1.0)
     fail(f"job {job_id} did not finish within {timeout_s:.0f} s")
     raise AssertionError
 
 
-def status(job_id: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")) -> None:
-    """The job's latest state (from the compacted jobs.state topic)."""
-    event = latest_job_states(current_settings().bootstrap_servers).get(job_id)
-    if event is None:
-        fail(f"no job {job_id!r} in jobs.state")
+def status(job_id: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json"),
+           api_key: str = typer.Option(None, "--api-key", help=KEY_HELP),
+           tenant: str = typer.Option(None, "--tenant", help="Operator mode: only this tenant's job.")) -> None:
+    """The job's state: the batch object (API), or the latest jobs.state event (operator)."""
+    with _errors():
+        snap = _snapshot(job_id, api_key, tenant)
+    record = snap["record"]
     if as_json:
-        print(json.dumps(event))
+        print(json.dumps(record))
         return
-    reason = f" — {event['reason']}" if event.get("reason") else ""
-    console.print(f"{job_id}: {event['state']} {event['requests_done']}/{event['requests_total']} done, "
-                  f"{event['requests_failed']} failed, {event['tokens_out']} tokens out{reason}", highlight=False)
+    if snap["mode"] == "api":
+        errors = "; ".join(e.get("message") or "" for e in (record.get("errors") or {}).get("data", [])[:3])
+        console.print(f"{job_id}: {record['status']} {record['request_counts']['completed']}/{snap['total']} done, "
+                      f"{record['request_counts']['failed']} failed{' — ' + errors if errors else ''}", highlight=False)
+        return
+    reason = f" — {record['reason']}" if record.get("reason") else ""
+    console.print(f"{job_id}: {record['state']} {record['requests_done']}/{record['requests_total']} done, "
+                  f"{record['requests_failed']} failed, {record['tokens_out']} tokens out{reason}", highlight=False)
 
 
-def results(job_id: str = typer.Argument(...), output: Path = typer.Option(None, "-o", "--output")) -> None:
-    """The job's output file (OpenAI Batch output lines), printed or copied to -o."""
-    path = current_settings().results_dir / f"{job_id}.jsonl"
-    if not path.exists():
-        fail(f"no results for {job_id!r} yet ({path} does not exist; is `phaseroute sink results` running?)")
+def results(job_id: str = typer.Argument(...), output: Path = typer.Option(None, "-o", "--output"),
+            api_key: str = typer.Option(None, "--api-key", help=KEY_HELP),
+            tenant: str = typer.Option(None, "--tenant", help="Operator mode: the tenant that owns the job.")) -> None:
+    """The job's output lines (OpenAI Batch shape; failed requests included), printed or to -o."""
+    client = _client(api_key)
+    _need_tenant(client, tenant)
+    with _errors():
+        if client is not None:
+            batch = client.batch(job_id)
+            if batch["status"] not in FINAL_STATUSES:
+                raise ValueError(f"batch {job_id} is {batch['status']}; its files exist once it is final")
+            lines = [client.content(fid).decode() for fid in (batch["output_file_id"], batch["error_file_id"]) if fid]
+            text = "".join(lines)
+        else:
+            job_of_tenant(current_settings().bootstrap_servers, job_id, tenant)
+            text = "".join(line + "\n" for line in output_lines(current_settings().blob_store, tenant, job_id))
     if output:
-        shutil.copyfile(path, output)
-        console.print(f"{sum(1 for _ in open(path))} lines -> {output}")
+        output.write_text(text)
+        console.print(f"{text.count(chr(10))} lines -> {output}")
     else:
-        print(path.read_text(), end="")
+        print(text, end="")
 
 
-def cancel(job_id: str = typer.Argument(...), tenant: str = typer.Option(..., "--tenant"),
+def cancel(job_id: str = typer.Argument(...), api_key: str = typer.Option(None, "--api-key", help=KEY_HELP),
+           tenant: str = typer.Option(None, "--tenant", help="Operator mode: the tenant that owns the job."),
            reason: str = typer.Option(None, "--reason")) -> None:
-    """Ask the control plane to cancel a job (queued requests are dropped)."""
-    record = {"job_id": job_id, "tenant": tenant, "command": "CANCEL", "at": int(time.time() * 1000), "reason": reason}
-    publish(current_settings().bootstrap_servers, "jobs.commands", job_id, "job_command", record)
-    console.print(f"cancel sent for {job_id}")
+    """Cancel a job: queued requests are dropped, finished lines stay."""
+    client = _client(api_key)
+    _need_tenant(client, tenant)
+    with _errors():
+        if client is not None:
+            batch = client.cancel(job_id)
+            console.print(f"{job_id}: {batch['status']}", highlight=False)
+            return
+        settings = current_settings()
+        event = job_of_tenant(settings.bootstrap_servers, job_id, tenant)
+        if event["state"] in FINAL_STATES:
+            raise ValueError(f"job {job_id!r} is already {event['state']}; nothing to cancel")
+        record = {"job_id": job_id, "tenant": tenant, "command": "CANCEL", "at": int(time.time() * 1000), "reason": reason}
+        publish(settings.bootstrap_servers, "jobs.commands", job_id, "job_command", record)
+    console.print(f"cancel sent for {job_id} (it was {event['state']})", highlight=False)
 
 
-def control(tenants: Path = typer.Option(None, "--tenants", help="YAML: {tenant: {weight, max_in_flight, max_queued_tokens, max_running_jobs}}.")) -> None:
-    """Run the control plane (Faust: admission, fair scheduler, router, tracker) until SIGTERM."""
+def control(tenants: Path = typer.Option(None, "--tenants", help="Deprecated YAML {tenant: {weight, ...}}: prefer "
+                                         "`phaseroute tenants import FILE`.")) -> None:
+    """Run the control plane (Faust: admission, fair scheduler, router, tracker) until SIGTERM.
+    Tenant weights and quotas come from the tenant registry (read at start)."""
     import logging
 
     import faust
 
+    from phaseroute.api.kafka_io import BrokerUnavailable
+    from phaseroute.api.registry import read_tenants
     from phaseroute.streams.app import build_app
 
     settings = current_settings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app, _handle = build_app(settings, tenants)
+    with errors_as_messages(BrokerUnavailable, ValueError):
+        records = list(read_tenants(settings.bootstrap_servers).values())
+    app, _handle = build_app(settings, tenants, tenant_records=records)
     faust.Worker(app, loglevel="info", redirect_stdouts=False).execute_from_commandline()
 
 

@@ -7,7 +7,6 @@ so `pytest -s` shows them; the issue note quotes them.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -16,7 +15,6 @@ import sys
 import time
 import uuid
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -33,8 +31,12 @@ N_REQUESTS = 50
 MAX_TOKENS = 24
 
 
-def _results_file(job_id: str) -> Path:
-    return settings().results_dir / f"{job_id}.jsonl"
+def _output(job_id: str) -> list[dict]:
+    """The job's lines as the result sink wrote them into the blob store (tenant of work.py)."""
+    from phaseroute.consumers.output_file import iter_part_lines
+    from phaseroute.infra.blobstore import open_blob_store, output_prefix
+
+    return list(iter_part_lines(open_blob_store(settings().blob_store), output_prefix("tenant-a", job_id)))
 
 
 def _wait_for_split(bootstrap: str, group: str, client_ids: list[str], timeout_s: float) -> list[list[int]]:
@@ -55,10 +57,7 @@ def _wait_for_split(bootstrap: str, group: str, client_ids: list[str], timeout_s
 
 
 def _lines(job_id: str) -> list[dict]:
-    path = _results_file(job_id)
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return _output(job_id)
 
 
 def _wait_for(job_id: str, n: int, timeout_s: float, procs: list[subprocess.Popen]) -> list[dict]:

@@ -1,18 +1,21 @@
-"""The result sink's file and receipts, without Kafka: one line per custom id, and a receipt
-per job in each batch that counts the lines already fsynced."""
+"""The result sink's outputs and receipts, without Kafka: one line per custom id in the job's
+blob-store prefix, and a receipt per job in each batch that counts the lines already written."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+import pytest
 from phaseroute.consumers.handler import WorkItem
+from phaseroute.consumers.output_file import is_error_line, iter_part_lines
 from phaseroute.consumers.result_sink import RECEIPT_TOPIC, ResultSinkHandler
+from phaseroute.infra.blobstore import BlobStore, output_prefix
 from phaseroute.schemas.examples import example
 
 
-def _item(offset: int, job_id: str, custom_id: str) -> WorkItem:
-    record = dict(example("result"), job_id=job_id, custom_id=custom_id, request_id=f"{job_id}/{custom_id}")
+def _item(offset: int, job_id: str, custom_id: str, tenant: str = "acme", **extra) -> WorkItem:
+    record = dict(example("result"), job_id=job_id, custom_id=custom_id, request_id=f"{job_id}/{custom_id}",
+                  tenant=tenant, **extra)
     return WorkItem(("results", 0), offset, "result", record, received_at=0.0, produced_at=0.0)
 
 
@@ -20,31 +23,52 @@ def _receipts(done) -> list[dict]:
     return [out.record for c in done for out in c.outputs if out.topic == RECEIPT_TOPIC]
 
 
-def test_each_batch_sends_one_receipt_per_job_with_the_lines_on_disk(tmp_path: Path) -> None:
-    sink = ResultSinkHandler(tmp_path, writer="result-sink.test")
+def _ids(store: BlobStore, job_id: str, tenant: str = "acme") -> list[str]:
+    return [line["custom_id"] for line in iter_part_lines(store, output_prefix(tenant, job_id))]
+
+
+@pytest.fixture(params=["dir", "memory"])
+def store(request, tmp_path: Path) -> BlobStore:
+    """The same sink on a local directory and on fsspec's memory filesystem."""
+    return BlobStore(str(tmp_path / "blobs")) if request.param == "dir" else BlobStore(f"memory://sink-{tmp_path.name}")
+
+
+def test_each_batch_sends_one_receipt_per_job_with_the_lines_written(store: BlobStore) -> None:
+    sink = ResultSinkHandler(store, writer="result-sink.test")
     done = sink.admit([_item(0, "job-a", "q0"), _item(1, "job-b", "q0"), _item(2, "job-a", "q1"),
                        _item(3, "job-a", "q0")])  # a speculative copy of job-a/q0: dropped by custom id
     receipts = {r["job_id"]: r for r in _receipts(done)}
     assert {k: r["lines"] for k, r in receipts.items()} == {"job-a": 2, "job-b": 1}
-    assert receipts["job-a"]["path"] == str(tmp_path / "job-a.jsonl") and receipts["job-a"]["writer"] == "result-sink.test"
+    assert receipts["job-a"]["path"] == "tenants/acme/outputs/job-a/" and receipts["job-a"]["writer"] == "result-sink.test"
     assert done[3].outputs and not done[0].outputs, "the receipt rides on the job's last item, produced before its commit"
-    lines = (tmp_path / "job-a.jsonl").read_text().splitlines()
-    assert [json.loads(line)["custom_id"] for line in lines] == ["q0", "q1"]
+    assert _ids(store, "job-a") == ["q0", "q1"]
     assert (sink.written, sink.duplicates) == (3, 1)
 
 
-def test_a_restarted_sink_replaying_its_tail_receipts_the_whole_file(tmp_path: Path) -> None:
-    first = ResultSinkHandler(tmp_path, writer="result-sink.1")
+def test_a_restarted_sink_replaying_its_tail_receipts_every_line(store: BlobStore) -> None:
+    first = ResultSinkHandler(store, writer="result-sink.1")
     first.admit([_item(0, "job-a", "q0"), _item(1, "job-a", "q1")])
     first.close()
-    again = ResultSinkHandler(tmp_path, writer="result-sink.2")  # offsets were not committed: the tail comes back
+    again = ResultSinkHandler(store, writer="result-sink.2")  # offsets were not committed: the tail comes back
     done = again.admit([_item(1, "job-a", "q1"), _item(2, "job-a", "q2")])
     assert [r["lines"] for r in _receipts(done)] == [3]
-    assert len((tmp_path / "job-a.jsonl").read_text().splitlines()) == 3
+    assert sorted(_ids(store, "job-a")) == ["q0", "q1", "q2"]
 
 
-def test_a_job_id_that_cannot_name_a_file_is_dead_lettered_without_a_receipt(tmp_path: Path) -> None:
-    sink = ResultSinkHandler(tmp_path, writer="result-sink.test")
-    done = sink.admit([_item(0, "../escape", "q0")])
-    assert done[0].dead_letter_reason == "job id '../escape' cannot name an output file"
+def test_a_job_id_that_cannot_name_a_key_is_dead_lettered_without_a_receipt(store: BlobStore) -> None:
+    sink = ResultSinkHandler(store, writer="result-sink.test")
+    done = sink.admit([_item(0, "../escape", "q0"), _item(1, "job-x", "q0", tenant="../../etc")])
+    assert done[0].dead_letter_reason == "job id '../escape' of tenant 'acme' cannot name an output in the blob store"
+    assert done[1].dead_letter_reason is not None and "'../../etc'" in done[1].dead_letter_reason
     assert _receipts(done) == []
+
+
+def test_failed_results_become_error_lines_with_their_error_code(store: BlobStore) -> None:
+    sink = ResultSinkHandler(store, writer="result-sink.test")
+    failed = {"status": "FAILED", "output_text": "", "finish_reason": "ERROR", "error": "cancelled by the tenant"}
+    sink.admit([_item(0, "job-c", "q0"), _item(1, "job-c", "q1", **failed),
+                _item(2, "job-c", "q2", **failed, error_code="batch_cancelled")])
+    lines = {line["custom_id"]: line for line in iter_part_lines(store, output_prefix("acme", "job-c"))}
+    assert not is_error_line(lines["q0"]) and lines["q0"]["response"]["body"]["object"] == "chat.completion"
+    assert lines["q1"]["error"] == {"code": "request_failed", "message": "cancelled by the tenant"}
+    assert lines["q2"]["error"]["code"] == "batch_cancelled" and lines["q2"]["response"] is None

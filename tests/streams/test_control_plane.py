@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from phaseroute.config import settings
+from phaseroute.infra.blobstore import BlobStore, output_prefix
 from phaseroute.schemas.ids import request_id
 from phaseroute.streams.core import ControlCore, DictStore
 from phaseroute.streams.model_catalog import load_model_info
@@ -51,7 +52,8 @@ class Plane:
     """The control plane without Faust: a shell over a core with dict tables, and the views."""
 
     def __init__(self, model_info, now: float, fair: FairConfig | None = None, store: DictStore | None = None,
-                 prompts: dict | None = None, pools: PoolView | None = None, profiles: ProfileView | None = None):
+                 prompts: dict | None = None, pools: PoolView | None = None, profiles: ProfileView | None = None,
+                 blob_store: BlobStore | None = None):
         config = core_config({MODEL: model_info})
         if fair is not None:
             from dataclasses import replace
@@ -61,11 +63,10 @@ class Plane:
         self.core = ControlCore(config, self.store, seed=1)
         self.pools, self.profiles = pools or PoolView(config.heartbeat_timeout_s), profiles or ProfileView()
         self.shell = ControlShell(self.core, prompts if prompts is not None else {}, {MODEL: model_info},
-                                  lambda job_id: f"/tmp/results/{job_id}.jsonl", self.pools, self.profiles)
+                                  output_prefix, self.pools, self.profiles, blob_store)
 
     def submit(self, record: dict[str, Any], now: float) -> list:
-        items, error = self.shell.intake(record)
-        return self.shell.submitted(record, items, error, now)
+        return list(self.shell.submitted(record, self.shell.intake(record), now))
 
     def record(self, kind: str, record: dict[str, Any], now: float) -> list:
         return self.shell.on_record(kind, record, now)
@@ -159,9 +160,12 @@ def test_infeasible_deadline_is_rejected_naming_a_feasible_one(model_info) -> No
 
 @pytest.mark.parametrize(("mutate", "needle"), [
     (lambda j: j.update(model="gpt-9"), "gpt-9"),
-    (lambda j: j.update(requests=[]), "no prompts"),
+    (lambda j: j.update(requests=[]), "the job has no requests"),
     (lambda j: j.update(deadline=j["submitted_at"] - 60_000), "deadline"),
     (lambda j: j["requests"][0].update(messages=[{"role": "user", "content": "word " * 9000}]), "8192"),
+    # the holes: a file outside the tenant's blob-store prefix is never opened (and never quoted),
+    # and a job id that would escape a path is refused
+    (lambda j: j.update(input_file="/etc/passwd", requests=[]), "'/etc/passwd' is not a blob-store key"),
     (lambda j: j.update(input_file="/nonexistent/batch.jsonl", requests=[]), "/nonexistent/batch.jsonl"),
     (lambda j: j.update(job_id="../../etc/evil"), "may hold only letters, digits"),
     (lambda j: j["sampling"].update(temperature=0.7), "decodes greedily only"),

@@ -33,8 +33,12 @@ def _input_file(path: Path, n: int, max_tokens: int = 16) -> Path:
 
 
 def _output_ids(job_id: str) -> Counter:
-    path = settings().results_dir / f"{job_id}.jsonl"
-    return Counter(json.loads(line)["custom_id"] for line in path.read_text().splitlines() if line.strip())
+    """Custom ids of the job's lines in the blob store (the sink's parts, every line written)."""
+    from phaseroute.consumers.output_file import iter_part_lines
+    from phaseroute.infra.blobstore import open_blob_store, output_prefix
+
+    store = open_blob_store(settings().blob_store)
+    return Counter(line["custom_id"] for line in iter_part_lines(store, output_prefix("acme", job_id)))
 
 
 @pytest.fixture(scope="module")
