@@ -1,5 +1,5 @@
-"""The local phaseroute stack beside Kafka: telemetry service, result sink, control plane, drift
-monitor, and the workers of each pool — each a process with a PID file, so ``phaseroute down``
+"""The local phaseroute stack beside Kafka: telemetry service, result sink, control plane, the
+Batch API (``phaseroute api``), drift monitor, and the workers of each pool — each a process with a PID file, so ``phaseroute down``
 stops them.
 
 Life of ``phaseroute up --pools SPEC`` after the broker answers:
@@ -77,6 +77,7 @@ def start(settings: Settings, pools: list[PoolSpec], tenants_file: Path | None =
         started.append(holder)
     spawn("results", _cli("sink", "results"))
     spawn("control", _cli("control", *(["--tenants", str(tenants_file)] if tenants_file else [])))
+    spawn("api", _cli("api", "--host", settings.api_host, "--port", str(settings.api_port)))
     if drift_interval_s is not None:
         spawn("drift", [sys.executable, "-m", "phaseroute.cli.drift_cmds", "monitor", "--interval-s", str(drift_interval_s)])
     for pool in pools:
@@ -87,6 +88,17 @@ def start(settings: Settings, pools: list[PoolSpec], tenants_file: Path | None =
                 "--worker-id", f"{pool.name}-{i}",
             ))
     return started
+
+
+def api_answers(settings: Settings) -> bool:
+    """The Batch API's readiness URL answers 200."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{settings.api_host}:{settings.api_port}/healthz", timeout=2) as reply:
+            return int(reply.status) == 200
+    except OSError:
+        return False
 
 
 def _telemetry_already_running(settings: Settings) -> str | None:
@@ -163,12 +175,14 @@ def wait_until_ready(settings: Settings, pools: list[PoolSpec], names: list[str]
     def ready() -> bool:
         alive = {n for n, s in pool_view.states(time.time(), {}, {}).items() if s.alive} & wanted
         profiled = {row.pool for row in profile_view.table().rows.values()} & wanted
+        api = "api" not in names or api_answers(settings)
         text = (f"waiting for pools: {len(alive)}/{len(wanted)} alive, {len(profiled)}/{len(wanted)} profiled"
-                + _missing("not alive", wanted - alive) + _missing("no profile yet", wanted - profiled))
+                + _missing("not alive", wanted - alive) + _missing("no profile yet", wanted - profiled)
+                + ("" if api else "; the Batch API does not answer yet"))
         if text != said["text"] or time.monotonic() - said["at"] >= every_s:
             progress(text)
             said.update(text=text, at=time.monotonic())
-        return wanted <= alive and wanted <= profiled
+        return wanted <= alive and wanted <= profiled and api
 
     try:
         wait_for(ready, timeout_s, "all pools alive and profiled", settings, names)

@@ -8,25 +8,22 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
+from phaseroute.consumers.output_file import iter_part_lines
 from phaseroute.demo.workload import DemoJob
+from phaseroute.infra.blobstore import open_blob_store, output_prefix
 
 
-def output_lines(path: Path) -> Counter[str]:
-    """How many lines each custom id has in a job's output file (none when there is no file)."""
-    counts: Counter[str] = Counter()
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                counts[json.loads(line)["custom_id"]] += 1
-    return counts
+def output_lines(blob_store_url: str, tenant: str, job_id: str) -> Counter[str]:
+    """How many lines each custom id has across the job's output parts in the blob store (as
+    written: a duplicate the sink let through would count twice here)."""
+    store = open_blob_store(blob_store_url)
+    return Counter(line["custom_id"] for line in iter_part_lines(store, output_prefix(tenant, job_id)))
 
 
-def check(jobs: list[DemoJob], states: dict[str, dict[str, Any]], results_dir: Path) -> dict[str, Any]:
+def check(jobs: list[DemoJob], states: dict[str, dict[str, Any]], blob_store_url: str) -> dict[str, Any]:
     """Per job: expected and actual state, missing and duplicated output lines; ``ok`` overall."""
     rows, ok = [], True
     for job in jobs:
@@ -37,7 +34,7 @@ def check(jobs: list[DemoJob], states: dict[str, dict[str, Any]], results_dir: P
         if want == "REJECTED":
             row["ok"] = row["state"] == "REJECTED" and state.get("earliest_feasible_deadline") is not None
         else:
-            lines = output_lines(results_dir / f"{job.job_id}.jsonl")
+            lines = output_lines(blob_store_url, job.tenant, job.job_id)
             expected = {f"{job.tenant}-{i}" for i in range(job.requests)}
             row["missing"] = sorted(expected - set(lines))
             row["duplicated"] = sorted(c for c, n in lines.items() if n > 1)

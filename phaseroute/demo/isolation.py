@@ -17,7 +17,8 @@ import shutil
 import socket
 from pathlib import Path
 
-from phaseroute.config import Settings, load_settings, settings as cached_settings
+from phaseroute.config import Settings, load_settings
+from phaseroute.config import settings as cached_settings
 from phaseroute.infra import kafka_launcher, processes
 
 
@@ -46,7 +47,8 @@ def isolate(settings: Settings) -> tuple[Settings, list[str]]:
     home.mkdir(parents=True)
     settings.model_cache.mkdir(parents=True, exist_ok=True)
     (home / "models").symlink_to(settings.model_cache, target_is_directory=True)
-    env = {"PHASEROUTE_HOME": str(home), "PHASEROUTE_TELEMETRY_PORT": str(free_port())}
+    env = {"PHASEROUTE_HOME": str(home), "PHASEROUTE_TELEMETRY_PORT": str(free_port()),
+           "PHASEROUTE_API_PORT": str(free_port())}
     if not settings.external_kafka:
         _, mvn = kafka_launcher.check_toolchain()
         libs = kafka_launcher.resolve_jars(settings, mvn)

@@ -9,7 +9,9 @@
 3. The stack: telemetry service (ClickHouse + profile builder), result sink, control plane
    (Faust) and three real pools that differ: an fp32 prefill pool, an int8 decode pool and an
    fp32 colocated pool (SmolLM2-135M on CPU).
-4. Jobs from three tenants (one floods), an infeasible job and a resubmitted job id.
+4. Jobs from three tenants (one floods), an infeasible job and a resubmitted job id. The
+   tenants are registered with keys (the tenant registry); globex submits through the Batch
+   API with the official ``openai`` SDK, the others as operator jobs on Kafka.
 5. Live progress, then a summary measured from Kafka and ClickHouse, and the checks of
    ``checks`` (every job as expected, exactly one output line per request): a failed check is a
    failed demo. Everything it started is stopped at the end, also on Ctrl-C or failure.
@@ -18,25 +20,24 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from phaseroute.cli.jobs_cmds import job_record, latest_job_states, parse_deadline, publish
+from phaseroute.api.client_example import submit_with_sdk
+from phaseroute.api.registry import add_tenant
+from phaseroute.cli.jobs_operator import job_record, latest_job_states, parse_deadline, publish
 from phaseroute.config import Settings
 from phaseroute.demo import checks, isolation
 from phaseroute.demo import summary as summarize
 from phaseroute.demo.workload import TENANTS, DemoJob, demo_jobs, write_input
-from phaseroute.infra import kafka_launcher, processes, provision, stack, topics
-from phaseroute.streams.views import PoolView, ProfileView, TopicFollower
+from phaseroute.infra import cold_start, kafka_launcher, processes, provision, stack, topics
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "EXPIRED", "REJECTED"}
 
@@ -45,47 +46,32 @@ class DemoError(RuntimeError):
     """The demo could not run; the message says why."""
 
 
-def profile_pools(pools: list[stack.PoolSpec], console: Console) -> None:
-    for pool in pools:
-        console.print(f"profiling pool {pool.name} ({pool.variant}) for its cold-start profile ...")
-        proc = subprocess.run([sys.executable, "-m", "phaseroute.cli.main", "profile", "--pool", pool.name,
-                               "--variant", pool.variant, "--quick", "--threads", str(pool.threads)],
-                              capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0:
-            raise DemoError(f"profiling pool {pool.name} failed:\n{proc.stdout[-1500:]}{proc.stderr[-1500:]}")
+def register_tenants(settings: Settings) -> dict[str, str]:
+    """The demo's tenants in the registry (weights and in-flight caps); tenant -> its API key."""
+    keys = {}
+    for name, spec in TENANTS.items():
+        _, keys[name] = add_tenant(settings.bootstrap_servers, name, float(spec["weight"]),
+                                   {"max_in_flight": spec.get("max_in_flight")})
+    return keys
 
 
-def wait_until_ready(settings: Settings, pools: list[stack.PoolSpec], names: list[str], timeout_s: float) -> None:
-    """Every pool has a live worker and a profile row the router can use."""
-    pool_view, profile_view = PoolView(), ProfileView()
-    followers = [TopicFollower(settings.bootstrap_servers, "pools.heartbeat", "pool_heartbeat", pool_view.on_record),
-                 TopicFollower(settings.bootstrap_servers, "profiles", "profile_row", profile_view.on_record)]
-    for f in followers:
-        f.start()
-    wanted = {p.name for p in pools}
-
-    def ready() -> bool:
-        states = pool_view.states(time.time(), {}, {})
-        alive = {n for n, s in states.items() if s.alive}
-        profiled = {row.pool for row in profile_view.table().rows.values()}
-        return wanted <= alive and wanted <= profiled
-
-    try:
-        stack.wait_for(ready, timeout_s, "all pools alive and profiled", settings, names)
-    finally:
-        for f in followers:
-            f.stop()
-
-
-def submit_jobs(settings: Settings, jobs: list[DemoJob], workdir: Path) -> list[str]:
+def submit_jobs(settings: Settings, jobs: list[DemoJob], workdir: Path, keys: dict[str, str]) -> list[DemoJob]:
+    """Every job submitted; the SDK's one comes back with the id the API gave it."""
     submitted = []
     for job in jobs:
         path = write_input(job, workdir)
+        if job.via_api:
+            metadata = {"priority": str(job.priority), "quality_tier": job.quality}
+            if job.tolerance is not None:
+                metadata["quality_tolerance"] = str(job.tolerance)
+            batch = submit_with_sdk(settings.api_base_url, keys[job.tenant], path, job.deadline, metadata)
+            submitted.append(replace(job, job_id=batch.id))
+            continue
         record = job_record(path, job.tenant, job.priority, parse_deadline(job.deadline, time.time()), job.job_id,
-                            job.quality, "smollm2-135m", job.max_tokens, job.tolerance)
+                            job.quality, "smollm2-135m", job.max_tokens, job.tolerance, settings.blob_store)
         for _ in range(2 if job.resubmit else 1):
-            publish(settings.bootstrap_servers, "jobs.submitted", job.job_id, "job_submitted", record)
-        submitted.append(job.job_id)
+            publish(settings.bootstrap_servers, topics.JOBS_SUBMITTED, job.job_id, "job_submitted", record)
+        submitted.append(job)
     return submitted
 
 
@@ -165,17 +151,16 @@ def run_demo(settings: Settings, as_json: bool, scale: float, timeout_s: float, 
             kafka_launcher.start(settings)
         provision.provision(settings.bootstrap_servers, topics.all_topics([p.name for p in pools]))
         if profile:
-            profile_pools(pools, console)
-        tenants_file = settings.run_dir / "demo-tenants.yaml"
-        tenants_file.parent.mkdir(parents=True, exist_ok=True)
-        tenants_file.write_text(yaml.safe_dump(TENANTS))  # weights and in-flight caps
-        started = stack.start(settings, pools, tenants_file, drift_interval_s=30.0)
+            cold_start.profile_new_pools(settings, pools, progress=lambda text: console.print(text, highlight=False))
+        keys = register_tenants(settings)  # weights, in-flight caps and keys, before the control plane reads them
+        started = stack.start(settings, pools, None, drift_interval_s=30.0)
         console.print(f"started {', '.join(started)}; waiting for pools and profiles ...")
-        wait_until_ready(settings, pools, started, timeout_s=240)
+        stack.wait_until_ready(settings, pools, started, timeout_s=240,
+                               progress=lambda text: console.print(text, highlight=False))
         run = f"demo-{uuid.uuid4().hex[:6]}"
         since = time.time()
-        jobs = demo_jobs(run, scale)
-        job_ids = submit_jobs(settings, jobs, settings.run_dir / "demo-inputs")
+        jobs = submit_jobs(settings, demo_jobs(run, scale), settings.run_dir / "demo-inputs", keys)
+        job_ids = [j.job_id for j in jobs]
         states = follow_jobs(settings, job_ids, started, console, timeout_s)
         until = time.time()
         time.sleep(2.0)  # the telemetry service flushes every second
@@ -183,7 +168,7 @@ def run_demo(settings: Settings, as_json: bool, scale: float, timeout_s: float, 
                                 [p.name for p in pools], {t: v["weight"] for t, v in TENANTS.items()}, since, until,
                                 prefill_pools=[p.name for p in pools if p.phase in ("prefill", "both")])
         doc["pools_spec"] = [p.__dict__ for p in pools]
-        doc["checks"] = checks.check(jobs, states, settings.results_dir)
+        doc["checks"] = checks.check(jobs, states, settings.blob_store)
     finally:
         for name in reversed(started):
             processes.stop(settings.run_dir, name)

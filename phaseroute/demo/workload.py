@@ -37,15 +37,16 @@ class DemoJob:
     tolerance: float | None = None
     max_tokens: int = 24
     resubmit: bool = False  # submitted twice: the second must not run
+    via_api: bool = False  # submitted through the Batch API with the openai SDK (the API names the job)
 
 
 def demo_jobs(run: str, scale: float = 1.0) -> list[DemoJob]:
-    n = lambda k: max(2, int(k * scale))  # noqa: E731
+    n = lambda k: max(2, int(k * scale))
     return [
         DemoJob(f"{run}-flood", "flood-co", 1, n(40), "20m"),
         DemoJob(f"{run}-acme-1", "acme", 3, n(8), "10m", resubmit=True),
         DemoJob(f"{run}-acme-2", "acme", 3, n(8), "10m"),
-        DemoJob(f"{run}-globex", "globex", 2, n(10), "15m", quality="approximate", tolerance=0.6),
+        DemoJob(f"{run}-globex", "globex", 2, n(10), "15m", quality="approximate", tolerance=0.6, via_api=True),
         DemoJob(f"{run}-acme-rush", "acme", 5, n(40), "3s"),  # infeasible: rejected with a feasible deadline
     ]
 
