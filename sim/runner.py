@@ -19,18 +19,22 @@ from phaseroute.sim.fleet import Fleet, load_fleet
 from phaseroute.sim.metrics import compact_series, compute_metrics
 from phaseroute.sim.policy_bridge import PhaserouteDriver, PhaserouteOptions
 from phaseroute.sim.workload import Workload, WorkloadSpec, build_workload, load_workload_spec
+from phaseroute.streams.policy import RouterConfig
 
 POLICIES = ("phaseroute", "static-spec", "rr", "jsq", "split")
 EXTRA_POLICIES = ("phaseroute-poolkv",)   # variants run only when named
 
 
-def make_driver(name: str):
+def make_driver(name: str, fleet: Fleet | None = None):
+    """The driver of policy ``name``; with ``fleet``, the phaseroute routers are configured with
+    its price of inter-pool traffic (the baselines never look at prices)."""
+    router = RouterConfig(transfer_usd_per_gb=fleet.transfer_usd_per_gb if fleet is not None else 0.0)
     if name == "phaseroute":
-        return PhaserouteDriver(PhaserouteOptions())
+        return PhaserouteDriver(PhaserouteOptions(router=router))
     if name == "phaseroute-poolkv":     # ablation: the router sees only the pool's summed free KV, not per worker
-        return PhaserouteDriver(PhaserouteOptions(per_worker_kv=False), name=name)
+        return PhaserouteDriver(PhaserouteOptions(per_worker_kv=False, router=router), name=name)
     if name == "static-spec":
-        return PhaserouteDriver(PhaserouteOptions(profiles="datasheet"))
+        return PhaserouteDriver(PhaserouteOptions(profiles="datasheet", router=router))
     if name in BASELINES:
         return BASELINES[name]()
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)} (or 'all')")
@@ -77,7 +81,7 @@ def prepare(spec: WorkloadSpec | str | Path | dict, fleet: Fleet | str | Path | 
 
 def run_policy(w: Workload, fleet: Fleet, name: str, config: SimConfig = SimConfig(), driver=None):
     t0 = time.perf_counter()
-    sim = Simulator(w, fleet, driver or make_driver(name), config).run()
+    sim = Simulator(w, fleet, driver or make_driver(name, fleet), config).run()
     metrics = compute_metrics(sim)
     metrics["wall_s"] = round(time.perf_counter() - t0, 2)
     return sim, metrics

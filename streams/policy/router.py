@@ -59,7 +59,7 @@ def _candidates(
     for p, d in candidate_pairs(pre_costs, dec_costs, config):
         src, dst = p.option.pool.name, d.option.pool.name
         link = None if src == dst else effective_link(profiles, src, dst, now, config.confidence)
-        estimate = combine(request, p, d, link)
+        estimate = combine(request, p, d, link, config.transfer_usd_per_gb)
         measured = path_quality(profiles, request.model, src, dst, now)
         if measured is not None:
             estimate = estimate._replace(quality=measured.score)
