@@ -24,7 +24,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from phaseroute.sim.bound import miss_rate_bound
@@ -49,6 +49,7 @@ class CapacityOptions:
     max_load: float = 4.0
     grid: float = 0.01           # loads are multiples of this, so searches meet on the same points
     bound: bool = True
+    bound_max_load: float = 8.0  # the bound's search goes this high (it carries far more than any policy)
     max_requests: int | None = None
 
     def __post_init__(self) -> None:
@@ -58,6 +59,7 @@ class CapacityOptions:
             ("tolerance", self.tolerance > 0.0, "> 0"), ("grid", self.grid > 0.0, "> 0"),
             ("min_load", 0.0 < self.min_load < self.max_load, "> 0 and < max_load"),
             ("start", self.min_load <= self.start <= self.max_load, "within [min_load, max_load]"),
+            ("bound_max_load", self.bound_max_load >= self.max_load, ">= max_load"),
         ]
         for name, ok, rule in checks:
             if not ok:
@@ -215,7 +217,9 @@ def capacity_study(workload: WorkloadSpec | str | Path | dict, fleet: Fleet | st
         searches = _searches(functools.partial(_policy_point, points, name), opts, name, log)
         doc["policies"][name] = _summary(searches, opts, with_money=True)
     if opts.bound:
-        doc["bound"] = _summary(_searches(functools.partial(_bound_point, points), opts, "bound", log), opts, False)
+        bound_opts = replace(opts, max_load=opts.bound_max_load)
+        doc["bound"] = _summary(_searches(functools.partial(_bound_point, points), bound_opts, "bound", log),
+                                bound_opts, False)
     doc["ratios"] = _ratios(doc, opts)
     doc["wall_s"] = round(time.perf_counter() - t0, 1)
     return doc

@@ -7,7 +7,6 @@ document ``phaseroute sim --json`` prints.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -55,8 +54,11 @@ def offered_tokens_per_s(w: Workload) -> float:
 def prepare(spec: WorkloadSpec | str | Path | dict, fleet: Fleet | str | Path | dict, load: float | None = None,
             seed: int | None = None, max_requests: int | None = None) -> tuple[Workload, Fleet, dict]:
     """The workload for this fleet. With a target ``load`` (or the spec's), the trace is
-    replicated to the whole number of copies just below the target and then compressed in time
-    for the rest, so the offered window stays about the trace's length."""
+    overlaid ``target / (load of one copy)`` times, a fractional copy keeping a random share of
+    its requests (``workload._replicated``), so the offered window stays the trace's at every
+    load and only the arrival rate changes; a last small time scaling hits the target exactly
+    (the thinning is random). With ``max_requests`` the spec's copies are kept, truncated, and
+    compressed in time to the target instead."""
     spec = spec if isinstance(spec, WorkloadSpec) else load_workload_spec(spec)
     fleet = fleet if isinstance(fleet, Fleet) else load_fleet(fleet)
     if seed is not None:
@@ -66,15 +68,18 @@ def prepare(spec: WorkloadSpec | str | Path | dict, fleet: Fleet | str | Path | 
     target = load if load is not None else spec.load
     w = build_workload(spec)
     capacity = max_throughput(w, fleet)
-    info = {"capacity_tok_s": round(capacity, 1)}
+    info: dict = {"capacity_tok_s": round(capacity, 1)}
     if target is not None:
+        if capacity <= 0:
+            raise ValueError(f"fleet {fleet.name!r} can serve none of workload {spec.name!r}: no load can be offered")
         per_copy = offered_tokens_per_s(w) / capacity / spec.replicate
-        copies = max(1, math.floor(target / per_copy)) if not spec.max_requests else spec.replicate
-        if copies != spec.replicate:
-            w = build_workload(replace(spec, replicate=copies))
+        copies: float = spec.replicate
+        if not spec.max_requests:
+            copies = target / per_copy
+            w = build_workload(spec, copies=copies)
             capacity = max_throughput(w, fleet)
         w = w.rescaled(target / (offered_tokens_per_s(w) / capacity))
-        info.update(replicate=copies, target_load=target)
+        info.update(replicate=round(copies, 4), target_load=target)
     info["offered_load"] = round(offered_tokens_per_s(w) / capacity, 4)
     return w, fleet, info
 

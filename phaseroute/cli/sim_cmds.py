@@ -90,7 +90,7 @@ def sim(
 
 
 def _capacity_options(slo: float, seeds: int, seed: int | None, workload: str, start: float, max_load: float,
-                      tolerance: float, bound: bool, max_requests: int | None):
+                      tolerance: float, bound: bool, max_requests: int | None, bound_max_load: float = 8.0):
     from phaseroute.sim.capacity import CapacityOptions
     from phaseroute.sim.workload import load_workload_spec
 
@@ -98,7 +98,8 @@ def _capacity_options(slo: float, seeds: int, seed: int | None, workload: str, s
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
     base = seed if seed is not None else load_workload_spec(workload).seed
     return CapacityOptions(slo=slo, seeds=tuple(range(base, base + seeds)), start=start, max_load=max_load,
-                           tolerance=tolerance, bound=bound, max_requests=max_requests)
+                           tolerance=tolerance, bound=bound, max_requests=max_requests,
+                           bound_max_load=max(bound_max_load, max_load))
 
 
 def _print_capacity(doc: dict) -> None:
@@ -136,6 +137,7 @@ def capacity(
     tolerance: float = typer.Option(0.05, "--tolerance", help="Stop bisecting when hi / lo - 1 <= this."),
     max_requests: int = typer.Option(None, "--max-requests", help="Keep only the first N requests."),
     bound: bool = typer.Option(True, "--bound/--no-bound", help="Also search the LP bound's capacity."),
+    bound_max_load: float = typer.Option(8.0, "--bound-max-load", help="Highest offered load tried for the bound."),
     plot: str = typer.Option(None, "--plot", help="Write the miss-rate-vs-load plot (PNG) here."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
@@ -147,7 +149,8 @@ def capacity(
     from phaseroute.sim.runner import parse_policies
 
     try:
-        opts = _capacity_options(slo, seeds, seed, workload, start, max_load, tolerance, bound, max_requests)
+        opts = _capacity_options(slo, seeds, seed, workload, start, max_load, tolerance, bound, max_requests,
+                                 bound_max_load)
         doc = capacity_study(workload, fleet, parse_policies(policy), opts, log=lambda m: typer.echo(m, err=True))
         if plot:
             doc["plot"] = str(plot_capacity(doc, plot))
