@@ -13,6 +13,12 @@ deadline-met tokens are at most the LP optimum: the bound is on what the fleet c
 on what a policy does. Jobs with a request no pool can serve have no column (no policy meets
 them, ``limits``).
 
+Two modelling simplifications are approximations rather than strict relaxations, and the
+tests check on simulated runs that no policy beats the bound: a column is a uniform slice of
+its job (a policy that sends a job's prompt-heavy requests to one pool and its output-heavy
+ones to another is represented only through the job's mean mix), and a slice's prefill and
+decode are charged to the same interval (a request's decode may start in the next one).
+
 Solving it at scale (``deadline_bound``): column generation (``bound_colgen``) solves the same
 LP and reports a dual bound that stays an upper bound even if it stops early. The exact
 solve here (``solve``) passes every column to HiGHS at once: it is what the tests compare

@@ -6,13 +6,17 @@ colocated; a != b moves the job's KV over link (a, b)); job j has columns only i
 intervals that overlap [submit, deadline] (windows widened to the grid, which loosens the
 bound, never tightens it). ``assemble`` writes the rows, per pool and interval:
 
-    compute:  sum slowdown x (prefill FLOPs / F + decode FLOPs / F_dec) + decode steps x overhead <= instances x dt x alive
-    memory:   sum slowdown x decode bytes / B + decode steps x overhead                   <= instances x dt x alive
+    compute:  sum slowdown x (prefill FLOPs / F + decode FLOPs / F_dec) + decode steps x overhead
+                                                                   <= instances x dt x alive
+    memory:   sum slowdown x decode bytes / B + decode steps x overhead
+                                                                   <= instances x dt x alive
     KV time:  sum KV bytes held x seconds (each decode token holds its context's KV for at
-              least one step, which lasts at least slowdown x W / B + overhead)            <= instances x dt x alive x KV capacity
-    link:     sum KV bytes of disaggregated fractions                                     <= link bandwidth x dt
-    job:      sum of the job's fractions                                                  <= 1
-    fit:      the pools of a set S serve at most the share of the job's tokens whose requests one of them holds
+              least one step, which lasts at least slowdown x W / B + overhead)
+                                                                   <= instances x dt x alive x KV capacity
+    link:     sum KV bytes of disaggregated fractions              <= link bandwidth x dt
+    job:      sum of the job's fractions                           <= 1
+    fit:      the pools of a set S serve at most the share of the job's tokens whose
+              requests one of them holds
 
 and the objective, the tokens of the served fractions. Physical limits (``limits``): a job
 with a request no pool can serve (context length, KV of one instance, model placement) gets
@@ -56,7 +60,7 @@ class JobWork:
         keep = np.asarray(keep, dtype=bool)
         requests = None
         if self.requests is not None:
-            group, L, O = self.requests
+            group, L, O = self.requests  # noqa: E741
             new_row = np.cumsum(keep) - 1
             mine = keep[group]
             requests = (new_row[group[mine]], L[mine], O[mine])
@@ -72,7 +76,7 @@ class JobWork:
 
 def job_work(w: Workload) -> JobWork:
     L = w.req_prompt.astype(np.float64)
-    O = w.req_output.astype(np.float64)
+    O = w.req_output.astype(np.float64)  # noqa: E741
     def sums(v: np.ndarray) -> np.ndarray:
         return np.add.reduceat(v, w.job_first)
     return JobWork(
@@ -195,7 +199,7 @@ def infeasible_job_rows(jw: JobWork, pools: list[LPPool]) -> np.ndarray:
     bad = np.zeros(len(jw.tokens), dtype=bool)
     if jw.requests is None:
         return bad
-    group, L, O = jw.requests
+    group, L, O = jw.requests  # noqa: E741
     models = np.asarray(jw.model)[group] if len(group) else np.zeros(0, dtype=str)
     ok = feasible_requests([p.limits for p in pools], L, O, list(models))
     np.logical_or.at(bad, group, ~ok)
@@ -219,7 +223,7 @@ def fit_blocks(jw: JobWork, pools: list[LPPool]) -> list[FitBlock]:
     the largest requests is lost: the others cannot take those requests' tokens between them."""
     if jw.requests is None:
         return []
-    group, L, O = jw.requests
+    group, L, O = jw.requests  # noqa: E741
     J = len(jw.tokens)
     models = list(np.asarray(jw.model)[group]) if len(group) else []
     limits = [p.limits for p in pools]

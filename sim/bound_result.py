@@ -23,7 +23,7 @@ class LPResult:
     kv_bytes: float
     variables: int
     solve_s: float
-    upper_bound: float = math.nan   # dual bound on the LP optimum, in the objective's units (column generation); nan: exact
+    upper_bound: float = math.nan   # dual bound on the LP optimum in the objective's units (column generation)
     columns_used: int = 0                  # columns passed to the solver
     rounds: int = 1                        # solver calls
 

@@ -201,8 +201,9 @@ def _ratio(num: list[float], den: list[float]) -> dict | None:
     if not pairs:
         return None
     per_seed = [a / b for a, b in pairs]
-    return {"of_means": round(statistics.fmean(a for a, _ in pairs) / statistics.fmean(b for _, b in pairs), 4),
-            **{k: v for k, v in spread(per_seed).items() if k != "mean"}, "mean_of_seeds": round(statistics.fmean(per_seed), 4)}
+    of_means = statistics.fmean(a for a, _ in pairs) / statistics.fmean(b for _, b in pairs)
+    return {"of_means": round(of_means, 4), **{k: v for k, v in spread(per_seed).items() if k != "mean"},
+            "mean_of_seeds": round(statistics.fmean(per_seed), 4)}
 
 
 def capacity_study(workload: WorkloadSpec | str | Path | dict, fleet: Fleet | str | Path | dict,

@@ -12,7 +12,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def _label(name: str, summary: dict) -> str:
@@ -41,7 +41,7 @@ def plot_capacity(doc: dict, path: str | Path) -> Path:
     ax.set_title(f"{doc['workload']} on {doc['fleet']}: capacity at SLO (mean [range] over "
                  f"{len(doc['options']['seeds'])} seeds)", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

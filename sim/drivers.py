@@ -58,7 +58,7 @@ class Driver:
         """Why no alive pool can serve some request of ``job`` (None: every request can run)."""
         w, sim = self.sim.w, self.sim
         first, count = int(w.job_first[job]), int(w.job_count[job])
-        alive = [lim for p, lim in zip(sim.pools, self.limits) if p.alive]
+        alive = [lim for p, lim in zip(sim.pools, self.limits, strict=True) if p.alive]
         model = self.models[int(w.job_tenant[job])]
         prompt, output = w.req_prompt[first:first + count], w.req_output[first:first + count]
         ok = feasible_requests(alive, prompt, output, [model] * count)

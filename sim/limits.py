@@ -57,7 +57,7 @@ def fit_matrix(pools: Sequence[PoolLimits], prompt: np.ndarray, output: np.ndarr
     """bool[pool, request]: one instance of the pool can run ``phase`` of the request (its model
     ``models[r]``)."""
     L = np.asarray(prompt, dtype=np.float64)
-    O = np.asarray(output, dtype=np.float64)
+    O = np.asarray(output, dtype=np.float64)  # noqa: E741
     held = L if phase == "prefill" else L + O
     model_arr = np.asarray(models)
     rows = []

@@ -84,7 +84,8 @@ def compute_metrics(sim) -> dict:
         "pools": pools,
         "kv_bytes_moved": kv_bytes, "kv_transfers": sim.counters["transfers"],
         "kv_bytes_per_delivered_token": _r(kv_bytes / completed_tokens, 1) if completed_tokens else None,
-        "transfer_usd_per_million_tokens": _r(transfer_cost / (completed_tokens / 1e6), 4) if completed_tokens else None,
+        "transfer_usd_per_million_tokens": (_r(transfer_cost / (completed_tokens / 1e6), 4) if completed_tokens
+                                            else None),
         "colocated_share": _colocated_share(sim),
         "requests_lost": sim.counters["requests_lost"], "requests_retried": sim.counters["retries"],
         "requests_gave_up": sim.counters["gave_up"], "requests_speculated": sim.counters["speculated"],

@@ -21,7 +21,6 @@ router sees the price (``RouterConfig.transfer_usd_per_gb``); the baselines do n
 
 from __future__ import annotations
 
-
 from phaseroute.sim.bound import deadline_bound
 from phaseroute.sim.engine import SimConfig
 from phaseroute.sim.fleet import Fleet, FleetEvent, with_events, with_transfer_price
@@ -99,9 +98,10 @@ def stale_profile(w: Workload, fleet: Fleet, policies: list[str], pool: str | No
     caps = _capacity_weights(fleet)
     mine = sum(caps[n] for n in names)
     target_after = (mine / factor) / (sum(caps.values()) - mine + mine / factor)
-    doc: dict = {"pool": pool, "at_s": round(at_s, 1), "factor": factor, "capacity_share_before": round(mine / sum(caps.values()), 4),
-           "capacity_share_after": round(target_after, 4), "bound": deadline_bound(w, slowed) if bound else None,
-           "policies": {}}
+    doc: dict = {"pool": pool, "at_s": round(at_s, 1), "factor": factor,
+                 "capacity_share_before": round(mine / sum(caps.values()), 4),
+                 "capacity_share_after": round(target_after, 4), "bound": deadline_bound(w, slowed) if bound else None,
+                 "policies": {}}
     for name in policies:
         sim, m = run_policy(w, slowed, name, config)
         shares = placement_share(sim.series, names, window_s)

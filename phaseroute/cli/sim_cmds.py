@@ -111,13 +111,18 @@ def _print_capacity(doc: dict) -> None:
     for c in ("policy", "capacity mean", "range", "per seed", "goodput/$ at capacity (mean, range)", "points"):
         table.add_column(c)
     rows = list(doc["policies"].items()) + ([("bound", doc["bound"])] if "bound" in doc else [])
+    mark = {"found": "", "at_max": "+", "below_min": "<"}
     for name, p in rows:
         c, money = p["capacity"], p.get("goodput_tokens_per_dollar_at_capacity")
-        table.add_row(name, f"{c['mean']:.3f}", f"{c['min']:.2f}-{c['max']:.2f}", str(c["per_seed"]),
+        per_seed = ", ".join(f"{v}{mark[st]}" for v, st in zip(c["per_seed"], p["status"], strict=True))
+        table.add_row(name, f"{c['mean']:.3f}", f"{c['min']:.2f}-{c['max']:.2f}", per_seed,
                       f"{money['mean']:.0f} ({money['min']:.0f}-{money['max']:.0f})" if money else "",
                       str(p["points_simulated"]))
     console = Console()
     console.print(table)
+    if any(st != "found" for _, p in rows for st in p["status"]):
+        console.print("+: still within the SLO at --max-load (the capacity is at least this); "
+                      "<: above the SLO at the lowest load tried")
     for key, r in doc["ratios"].items():
         if r:
             extra = f", best baseline {r['best_baseline']}" if "best_baseline" in r else ""
@@ -211,7 +216,8 @@ def report(
 
 @sim_app.command("scenario")
 def scenario(
-    kind: str = typer.Argument(..., help="stale (a pool slows down), loss (a pool disappears) or transfer (moving KV costs --usd-per-gb)."),
+    kind: str = typer.Argument(..., help="stale (a pool slows down), loss (a pool disappears) or transfer "
+                                         "(moving KV costs --usd-per-gb)."),
     workload: str = typer.Option(..., "--workload", "-w", help=WORKLOAD_HELP),
     fleet: str = typer.Option(..., "--fleet", "-f", help=FLEET_HELP),
     pool: str = typer.Option(None, "--pool", help="The pool hit (default: the one with the most capacity)."),

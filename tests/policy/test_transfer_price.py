@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from phaseroute.streams.policy import LinkProfile, Phase, RouterConfig, RouterState, ScorerWeights, route
 from phaseroute.streams.policy.cost_model import PhaseOption, combine, phase_cost, transfer_dollars
 

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import pytest
 
 
-
 def _traces_dir() -> Path:
     """``$PHASEROUTE_TRACE_DIR``, else the first ``shared/data/traces`` beside the repository or
     a folder above it (a git worktree sits one level deeper than the main checkout)."""

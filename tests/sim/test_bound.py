@@ -105,7 +105,7 @@ def test_max_throughput_scales_with_the_fleet(sim_inputs):
 def test_requests_that_fit_no_instance_are_not_counted():
     """Job: a 1,000-token request and a 9,000-token one; pool b's instances hold 5,000 tokens of
     KV. Only a's share of the job can run on b; with a (the big pool) lost, 1,000 / 10,000 remain."""
-    L, O = np.array([990.0, 8990.0]), np.array([10.0, 10.0])
+    L, O = np.array([990.0, 8990.0]), np.array([10.0, 10.0])  # noqa: E741
     jw = JobWork(["m"], np.array([0.0]), np.array([100.0]), np.array([10000.0]), np.array([L.sum()]),
                  np.array([(L * L).sum()]), np.array([O.sum()]), np.array([(O * (L + O / 2)).sum()]), 991.0,
                  (np.array([0, 0]), L, O))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from phaseroute.sim.bound import deadline_bound, miss_rate_bound, solve
 from phaseroute.sim.bound_colgen import solve_colgen
 from phaseroute.sim.bound_model import JobWork, LPPool, build_model
@@ -24,7 +25,7 @@ def _random_case(seed: int) -> tuple[JobWork, list[LPPool], dict]:
     rng = np.random.default_rng(seed)
     n_jobs, per_job = 12, 5
     L = rng.integers(100, 4000, n_jobs * per_job).astype(float)
-    O = rng.integers(10, 400, n_jobs * per_job).astype(float)
+    O = rng.integers(10, 400, n_jobs * per_job).astype(float)  # noqa: E741
     group = np.repeat(np.arange(n_jobs), per_job)
     def sums(v: np.ndarray) -> np.ndarray:
         return np.bincount(group, weights=v, minlength=n_jobs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from phaseroute.sim.capacity import CapacityOptions, LoadPoints, capacity_study, find_capacity
 from phaseroute.sim.capacity_plot import plot_capacity
 

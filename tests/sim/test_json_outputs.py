@@ -12,6 +12,7 @@ import json
 import os
 
 import pytest
+
 from phaseroute.cli.main import app
 from phaseroute.sim.solver_io import quiet_solver
 from phaseroute.sim.specio import DATA_DIR

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from phaseroute.sim.bound import deadline_bound, job_work, lp_pools, max_throughput, solve
 from phaseroute.sim.fleet import parse_fleet
 from phaseroute.sim.limits import PoolLimits, feasible_requests, infeasible_jobs, why_infeasible

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from phaseroute.sim.errors import SpecError
 from phaseroute.sim.fleet import parse_fleet
 from phaseroute.sim.runner import prepare, run_policy
