@@ -119,6 +119,23 @@ STATIC_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(DEADLETTER, 1, "dead_letter", "source topic", "Undecodable or invalid messages, each with its reason.", retention_ms=30 * DAY_MS),
 )
 
+# The control plane's Faust tables, changelog-backed. Provisioned with the rest (compacted, as many
+# partitions as the streams that feed them): on a fresh broker, a changelog Faust creates itself
+# may not exist yet when the first table write asks for its partitions.
+CONTROL_APP_ID = "phaseroute-control"
+CONTROL_TABLES = ("jobs", "requests", "tenants", "prompts")
+
+
+def changelog_topic(table: str) -> str:
+    return f"{CONTROL_APP_ID}-{table}-changelog"
+
+
+CHANGELOG_TOPICS: tuple[TopicSpec, ...] = tuple(
+    _control(changelog_topic(t), "faust-json", "table key", f"Changelog of the control plane's {t!r} table (Faust).",
+             compacted=True, retention_ms=-1)
+    for t in CONTROL_TABLES
+)
+
 POOL_TOPIC_TEMPLATES: dict[str, tuple[str, str]] = {
     "prefill": ("prefill_work", "Prefill (or colocated) work for the pool's workers."),
     "decode": ("decode_work", "Decode work (KV already prefilled elsewhere) for the pool's workers."),
@@ -162,7 +179,7 @@ def spec_for(name: str, pools: Sequence[str] = ()) -> TopicSpec:
 
 
 def all_topics(pools: Sequence[str] = ()) -> list[TopicSpec]:
-    specs = list(STATIC_TOPICS)
+    specs = list(STATIC_TOPICS) + list(CHANGELOG_TOPICS)
     for pool in pools:
         specs.extend(pool_topics(pool))
     check_copartitioning(specs)
