@@ -21,7 +21,7 @@ from phaseroute.consumers.handler import Output, WorkItem
 from phaseroute.consumers.prefill_stage import probe_of
 from phaseroute.consumers.telemetry_records import BatchCounter, DecodeWindow, WorkerTag, telemetry_output
 from phaseroute.engine import kv_codec
-from phaseroute.engine.errors import KVIntegrityError, KVNotFoundError
+from phaseroute.engine.errors import KVIntegrityError
 from phaseroute.engine.protocol import DecodeRequest, FinishedSequence, KVCache, PositionTrace
 
 WINDOW_STEPS = 16  # decode steps summarized by one telemetry record

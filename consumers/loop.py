@@ -34,6 +34,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from phaseroute.consumers.handler import Completion, Handler, Output, WorkItem
 from phaseroute.consumers.kafka_clients import TrackedProducer, new_consumer
 from phaseroute.consumers.offsets import OffsetTracker
+from phaseroute.infra.topics import DEADLETTER_TOPIC
 from phaseroute.schemas import serde
 from phaseroute.schemas.deadletter import Rejected, safe_decode, to_dead_letter
 
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 _REBALANCE_ERRORS = frozenset({
     KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS, KafkaError.UNKNOWN_MEMBER_ID,
 })
-DEADLETTER_TOPIC = "deadletter"
 
 
 class InvalidWorkError(Exception):
