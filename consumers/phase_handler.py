@@ -124,6 +124,9 @@ class PhaseHandler:
     def batch_ready(self, now: float) -> bool:
         return bool((self.prefill and self.prefill.ready(now)) or (self.decode and self.decode.in_flight()))
 
+    def due_in(self, now: float) -> float:
+        return self.prefill.due_in(now) if self.prefill and self.prefill.waiting else 3600.0
+
     def in_flight(self) -> int:
         return (self.prefill.in_flight() if self.prefill else 0) + (self.decode.in_flight() if self.decode else 0)
 

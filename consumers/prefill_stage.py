@@ -95,6 +95,10 @@ class PrefillStage:
     def in_flight(self) -> int:
         return len(self.waiting) + len(self.running)
 
+    def due_in(self, now: float) -> float:
+        """Seconds until the first waiting item has waited ``max_wait_s``."""
+        return max(0.0, self.limits.max_wait_s - (now - (self.first_at or now)))
+
     def ready(self, now: float) -> bool:
         if self.job is not None:
             return True

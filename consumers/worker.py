@@ -187,7 +187,7 @@ def build_telemetry_sink(settings: Settings, group_suffix: str = "", profiles: b
         client_id=f"telemetry-sink.{os.getpid()}",
         topic_kinds={TELEMETRY_PHASE_TOPIC: "phase_telemetry", HEARTBEAT_TOPIC: "pool_heartbeat",
                      TELEMETRY_DRIFT_TOPIC: "drift_measurement", QUALITY_ALERTS_TOPIC: "quality_alert"},
-        service="telemetry-sink",
+        service="telemetry-sink", max_poll=1000,  # small records: take many per poll
     )
     builder = service_builder(client, settings.bootstrap_servers, settings.clickhouse_database) if profiles else None
     loop = WorkerLoop(config, handler, on_tick=builder.on_tick if builder else None)
