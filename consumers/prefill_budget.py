@@ -71,8 +71,9 @@ def load_prefill_curve(bootstrap: str, topic: str, model: str, pool: str, varian
         pending, deadline = set(meta.partitions), time.monotonic() + timeout_s
         while pending and time.monotonic() < deadline:
             for msg in consumer.consume(500, 0.5):
-                if msg.error() is not None:
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
                         pending.discard(msg.partition())
                     continue
                 try:

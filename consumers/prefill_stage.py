@@ -130,7 +130,8 @@ class PrefillStage:
 
     def _start(self) -> None:
         """Take one micro-batch (within the token budget) off the queue and start its prefill job."""
-        batch, tokens, budget = [], 0, self.budget.tokens()
+        batch: list[_Waiting] = []
+        tokens, budget = 0, self.budget.tokens()
         for waiting in self.waiting:
             if batch and (len(batch) >= self.limits.max_batch or tokens + len(waiting.token_ids) > budget):
                 break

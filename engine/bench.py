@@ -223,3 +223,18 @@ def _baseline(ex: Any, work: list[tuple[list[int], int]], results: list[PrefillR
         tokens.append([res.first_token] + out[0, len(ids) + 1 :].tolist())
     decode_tokens = sum(len(t) - 1 for t in tokens)
     return {"tokens": tokens, "decode_tokens": decode_tokens, "wall_s": wall, "cpu_s": cpu, "tokens_per_s": decode_tokens / wall}
+
+
+def engine_alone(ex: Any, work: list[tuple[list[int], int]], config: BenchConfig) -> dict[str, Any]:
+    """The whole workload through the engine alone, as one batch job: prefill every prompt (batches
+    of equal lengths), then decode them all with continuous batching; output tokens/s end to end."""
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    results, _shares, prefill_s, _cpu = _prefill(ex, work, config.prefill_batch)
+    cb = _continuous(ex, work, results, config)
+    wall = time.perf_counter() - t0
+    output_tokens = sum(len(t) for t in cb["tokens"])  # the first token (from prefill) included
+    return {
+        "output_tokens": output_tokens, "wall_s": round(wall, 2), "cpu_s": round(time.process_time() - cpu0, 2),
+        "output_tokens_per_s": round(output_tokens / wall, 2), "prefill_s": round(prefill_s, 2),
+        "decode_s": round(cb["wall_s"], 2), "decode_mean_batch": round(cb["decode_tokens"] / max(1, cb["steps"]), 1),
+    }

@@ -84,7 +84,7 @@ class PrefillJob:
         from phaseroute.engine.torch_backend import _top_logprobs, position_trace
 
         ex = self.ex
-        layers = [(layer.keys, layer.values) for layer in self.cache.layers]
+        layers: list[tuple[Any, Any]] = [(layer.keys, layer.values) for layer in self.cache.layers]  # type: ignore[union-attr]
         timings = PhaseTimings(self.tokenize_s, self.compute_s, len(self.items), sum(self.lengths), len(self.items) * self.longest)
         results = []
         for row, (item, n) in enumerate(zip(self.items, self.lengths)):

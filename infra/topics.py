@@ -24,6 +24,7 @@ POOL_NAME = re.compile(r"^[a-z][a-z0-9-]{0,47}$")
 
 # The names code produces to and consumes from; each is declared in STATIC_TOPICS below
 # (tests/infra/test_topics.py checks it), and per-pool names come from prefill_topic/decode_topic.
+JOBS_SUBMITTED_TOPIC = "jobs.submitted"
 KV_READY_TOPIC = "kv.ready"
 RESULTS_TOPIC = "results"
 ATTEMPTS_FAILED_TOPIC = "attempts.failed"
