@@ -103,7 +103,7 @@ def telemetry_rows(settings: Settings, since: float, until: float) -> int:
     return total
 
 
-def _results(settings: Settings, topic: str, since: float) -> list[dict[str, Any]]:
+def _records(settings: Settings, topic: str, since: float, kind: str = "result") -> list[dict[str, Any]]:
     from confluent_kafka import Consumer
 
     from phaseroute.cli.pools_cmd import read_since
@@ -111,27 +111,45 @@ def _results(settings: Settings, topic: str, since: float) -> list[dict[str, Any
     consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
                          "enable.auto.commit": False, "enable.partition.eof": True})
     try:
-        return read_since(consumer, topic, since, "result", timeout_s=20.0)
+        return read_since(consumer, topic, since, kind, timeout_s=20.0)
     finally:
         consumer.close()
+
+
+def attempts(settings: Settings, job_id: str, since: float, pools: list[str]) -> dict[str, float]:
+    """Work messages per request of the job: more than 1 prefill_work means retries or
+    speculative copies (the control plane's straggler rule) ran the same prompt again."""
+    from phaseroute.infra.topics import decode_topic, prefill_topic
+
+    counts = {"prefill_work": 0, "decode_work": 0}
+    requests: set[str] = set()
+    for pool in pools:
+        for kind, topic in (("prefill_work", prefill_topic(pool)), ("decode_work", decode_topic(pool))):
+            for record in _records(settings, topic, since, kind):
+                if record["job_id"] == job_id:
+                    counts[kind] += 1
+                    requests.add(record["request_id"])
+    n = max(1, len(requests))
+    return {f"{kind}_per_request": round(count / n, 2) for kind, count in counts.items()}
 
 
 def requests_and_canaries(settings: Settings, job_id: str, submitted: float, since: float, until: float) -> dict[str, Any]:
     """Per request: time in the system vs compute, Kafka hops; canaries that ran in the window."""
     first: dict[str, dict[str, Any]] = {}
-    for r in _results(settings, RESULTS_TOPIC, since):
+    results = [r for r in _records(settings, RESULTS_TOPIC, since) if r["job_id"] == job_id]
+    for r in results:
         if r["job_id"] == job_id and r["request_id"] not in first:
             first[r["request_id"]] = r
     in_system = [r["completed_at"] / 1000 - submitted for r in first.values()]
     compute = [r["prefill_time_s"] + r["kv_transfer_s"] + r["decode_time_s"] for r in first.values()]
     colocated = sum(1 for r in first.values() if r["colocated"])
-    canaries = [r for r in _results(settings, CANARY_RESULTS_TOPIC, since) if r["completed_at"] / 1000 <= until]
+    canaries = [r for r in _records(settings, CANARY_RESULTS_TOPIC, since) if r["completed_at"] / 1000 <= until]
     job_prompt = sum(r["prompt_tokens"] for r in first.values())
     canary_prompt = sum(r["prompt_tokens"] for r in canaries)
     canary_out = sum(r["completion_tokens"] for r in canaries)
     job_out = sum(r["completion_tokens"] for r in first.values())
     return {
-        "requests": len(first),
+        "requests": len(first), "results_per_request": round(len(results) / max(1, len(first)), 2),
         "mean_in_system_s": _mean(in_system), "mean_compute_s": _mean(compute),
         "mean_waiting_s": _mean([a - b for a, b in zip(in_system, compute)]),  # queues, Kafka hops, control plane
         "kafka_hops_per_request": {"colocated": HOPS_COLOCATED, "disaggregated": HOPS_DISAGGREGATED},
