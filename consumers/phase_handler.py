@@ -15,6 +15,10 @@ Life of a request through a worker of pool P:
 - A failed attempt (KV corrupt or missing) emits ``attempt_failed`` for the tracker to retry
   elsewhere; impossible work (prompt beyond the context, a model the pool lacks) goes to the
   dead-letter topic with the engine's reason, and the worker keeps running.
+- A copy of a request this worker is already running (a speculative copy or a replay, same
+  request id: work is keyed by request id, so copies land on the same partition and worker)
+  is done at once with no output: the running attempt answers for it, and running it twice in
+  one process could never finish sooner (``duplicates_skipped`` counts them).
 Every output carries a deterministic key and attempt id, so a replay overwrites, never adds.
 Drift canaries (``canary`` set, tenant ``_canary``) take exactly this path; their ``canary``
 field and trace ride along on ``decode_work`` and ``result``, and their results go to
@@ -116,6 +120,7 @@ class PhaseHandler:
         self.prefill = PrefillStage(executor, self.tag, batches, spec.limits, spec.efficient_prefill_batch) if spec.prefill else None
         self.decode = DecodeStage(executor, store, self.tag, batches, spec.max_decode_batch) if spec.decode else None
         self._telemetry: list[Output] = []
+        self.duplicates_skipped = 0
 
     # -- Handler protocol -------------------------------------------------------------
     def capacity(self) -> int:
@@ -152,6 +157,9 @@ class PhaseHandler:
                         done.append(finished)
         if self.decode and self.decode.in_flight():
             done.extend(Completion(j.item, [self._result(j, seq)]) for j, seq in self.decode.step())
+            twins = self.decode.take_twins()
+            self.duplicates_skipped += len(twins)
+            done.extend(Completion(j.item) for j in twins)
         return done
 
     def drop(self, tps: list[tuple[str, int]]) -> int:
@@ -172,7 +180,15 @@ class PhaseHandler:
         }
 
     # -- the work ------------------------------------------------------------------------
+    def _running_ids(self) -> set[str]:
+        return (self.prefill.request_ids() if self.prefill else set()) | (self.decode.request_ids() if self.decode else set())
+
     def _admit_one(self, item: WorkItem) -> Completion | None:
+        if item.kind in ("prefill_work", "decode_work") and item.record.get("request_id") in self._running_ids():
+            log.info("%s %s: request %s already runs here; this copy is done without output",
+                     self.spec.worker_id, item.kind, item.record["request_id"])
+            self.duplicates_skipped += 1
+            return Completion(item)
         if item.kind == "prefill_work":
             if self.prefill is None:
                 return Completion(item, dead_letter_reason=f"pool {self.spec.pool!r} does not prefill", error_class="WrongPhase")

@@ -95,6 +95,9 @@ class PrefillStage:
     def in_flight(self) -> int:
         return len(self.waiting) + len(self.running)
 
+    def request_ids(self) -> set[str]:
+        return {w.item.record["request_id"] for w in (*self.waiting, *self.running)}
+
     def due_in(self, now: float) -> float:
         """Seconds until the first waiting item has waited ``max_wait_s``."""
         return max(0.0, self.limits.max_wait_s - (now - (self.first_at or now)))

@@ -60,3 +60,19 @@ def test_decode_steps_run_between_the_chunks_of_a_long_prefill(smol: Any) -> Non
     whole, whole_trace = _run(smol, chunk_tokens=1_000_000)
     assert not any(in_progress for in_progress, _ in whole_trace)  # one pass: never in progress after a step
     assert chunked == whole and len(chunked) == 3
+
+
+def test_a_copy_of_a_request_running_here_is_done_without_output(smol: Any) -> None:
+    spec = WorkerSpec("colo", "colo-0", "fp32", prefill=True, decode=True, limits=MicroBatchLimits(max_batch=4, max_wait_s=0.0))
+    handler = PhaseHandler(smol, store=None, spec=spec)
+    original = prefill_work("job", 0, CHAT.format(q="What is 12 times 7?"), "colo", 6, decode_pool=None, colocated=True)
+    copy = prefill_work("job", 0, original["prompt"], "colo", 6, decode_pool=None, colocated=True, attempt=1)
+    [skipped] = handler.admit([_item(original, 0), _item(copy, 1)])
+    assert skipped.item.offset == 1 and skipped.outputs == [] and skipped.dead_letter_reason is None
+    handler.step()  # prefilled: the request now decodes, a late copy is still a copy
+    [late] = handler.admit([_item(dict(copy, attempt_id=copy["attempt_id"] + "-late"), 2)])
+    assert late.outputs == [] and handler.duplicates_skipped == 2
+    results = []
+    while handler.in_flight():
+        results += [c for c in handler.step() if c.outputs]
+    assert [c.item.offset for c in results] == [0] and results[0].outputs[0].record["attempt_id"] == original["attempt_id"]
