@@ -235,6 +235,8 @@ def engine_alone(ex: Any, work: list[tuple[list[int], int]], config: BenchConfig
     output_tokens = sum(len(t) for t in cb["tokens"])  # the first token (from prefill) included
     return {
         "output_tokens": output_tokens, "wall_s": round(wall, 2), "cpu_s": round(time.process_time() - cpu0, 2),
-        "output_tokens_per_s": round(output_tokens / wall, 2), "prefill_s": round(prefill_s, 2),
+        "output_tokens_per_s": round(output_tokens / wall, 2),
+        "output_tokens_per_cpu_s": round(output_tokens / max(time.process_time() - cpu0, 1e-9), 3),
+        "prefill_s": round(prefill_s, 2),
         "decode_s": round(cb["wall_s"], 2), "decode_mean_batch": round(cb["decode_tokens"] / max(1, cb["steps"]), 1),
     }
