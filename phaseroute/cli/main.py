@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from phaseroute.cli import bench_pipeline, common, drift_cmds, engine_cmds, jobs_cmds, pools_cmd, sim_cmds, stack, worker_cmds
+from phaseroute.cli import bench_pipeline, bench_sink, common, drift_cmds, engine_cmds, jobs_cmds, pools_cmd, sim_cmds, stack, worker_cmds
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="phaseroute: offline LLM batch inference over Kafka.")
 
@@ -36,6 +36,7 @@ app.command("demo")(jobs_cmds.demo)
 app.command("profile")(engine_cmds.profile)
 app.add_typer(engine_cmds.bench_app, name="bench")
 engine_cmds.bench_app.command("pipeline")(bench_pipeline.bench_pipeline)
+engine_cmds.bench_app.command("sink")(bench_sink.bench_sink)
 app.add_typer(sim_cmds.sim_app, name="sim")
 app.add_typer(sim_cmds.plan_app, name="plan")
 app.add_typer(drift_cmds.drift_app, name="drift")
