@@ -28,6 +28,7 @@ from phaseroute.config import Settings
 from phaseroute.infra import processes
 from phaseroute.infra.topics import CANARY_RESULTS_TOPIC, RESULTS_TOPIC
 
+CANARY_TENANT = "_canary"  # the drift monitor's tenant (consumers/drift_monitor.py)
 # topics a request crosses: jobs.submitted, requests.pending, prefill.<pool>, results, results.written
 HOPS_COLOCATED = 5
 HOPS_DISAGGREGATED = HOPS_COLOCATED + 2  # + kv.ready, decode.<pool>
@@ -116,21 +117,27 @@ def _records(settings: Settings, topic: str, since: float, kind: str = "result")
         consumer.close()
 
 
-def attempts(settings: Settings, job_id: str, since: float, pools: list[str]) -> dict[str, float]:
-    """Work messages per request of the job: more than 1 prefill_work means retries or
-    speculative copies (the control plane's straggler rule) ran the same prompt again."""
+def attempts(settings: Settings, job_id: str, since: float, until: float, pools: list[str]) -> dict[str, float]:
+    """Work messages per request of the job (more than 1 prefill_work: retries or speculative
+    copies were sent), and the canaries the drift monitor sent to the pools in the window
+    (tenant ``_canary``, straight to the pool topics) with their prompt tokens."""
     from phaseroute.infra.topics import decode_topic, prefill_topic
 
     counts = {"prefill_work": 0, "decode_work": 0}
     requests: set[str] = set()
+    canaries = canary_tokens = 0
     for pool in pools:
         for kind, topic in (("prefill_work", prefill_topic(pool)), ("decode_work", decode_topic(pool))):
             for record in _records(settings, topic, since, kind):
                 if record["job_id"] == job_id:
                     counts[kind] += 1
                     requests.add(record["request_id"])
+                elif kind == "prefill_work" and record["tenant"] == CANARY_TENANT and record["dispatched_at"] <= until * 1000:
+                    canaries += 1
+                    canary_tokens += record["prompt_tokens"]
     n = max(1, len(requests))
-    return {f"{kind}_per_request": round(count / n, 2) for kind, count in counts.items()}
+    return {**{f"{kind}_per_request": round(count / n, 2) for kind, count in counts.items()},
+            "canary_prefill_work_sent": canaries, "canary_prefill_work_prompt_tokens": canary_tokens}
 
 
 def requests_and_canaries(settings: Settings, job_id: str, submitted: float, since: float, until: float) -> dict[str, Any]:
