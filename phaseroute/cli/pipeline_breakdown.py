@@ -28,7 +28,6 @@ from phaseroute.config import Settings
 from phaseroute.infra import processes
 from phaseroute.infra.topics import CANARY_RESULTS_TOPIC, RESULTS_TOPIC
 
-CANARY_TENANT = "_canary"  # the drift monitor's tenant (consumers/drift_monitor.py)
 # topics a request crosses: jobs.submitted, requests.pending, prefill.<pool>, results, results.written
 HOPS_COLOCATED = 5
 HOPS_DISAGGREGATED = HOPS_COLOCATED + 2  # + kv.ready, decode.<pool>
@@ -121,6 +120,7 @@ def attempts(settings: Settings, job_id: str, since: float, until: float, pools:
     """Work messages per request of the job (more than 1 prefill_work: retries or speculative
     copies were sent), and the canaries the drift monitor sent to the pools in the window
     (tenant ``_canary``, straight to the pool topics) with their prompt tokens."""
+    from phaseroute.consumers.drift_monitor import CANARY_TENANT
     from phaseroute.infra.topics import decode_topic, prefill_topic
 
     counts = {"prefill_work": 0, "decode_work": 0}
