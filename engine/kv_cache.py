@@ -16,8 +16,11 @@ holds (``attention.paged_decode_attention``): no copy of the cache. A batch of o
 exception: its blocks are gathered into one contiguous ``[1, kv_heads, tokens, head_dim]``
 tensor and attention takes transformers' own SDPA path, so a lone sequence's logits are
 bit-identical to ``generate()`` (the copy is one sequence's KV, small next to the step). ``leave`` gives the
-blocks back; rows stay dense (the last row takes the leaving one's index, only its block
-owners are rewritten).
+blocks back, zeroed; rows stay dense (the last row takes the leaving one's index, only its
+block owners are rewritten). Attention reads every used block whole and masks what is not
+valid, but a masked value still meets a zero weight (0 x NaN is NaN), so a block must never
+hold non-finite leftovers (a corrupted KV that left): blocks are zeroed when given back, and
+on first use (``torch.empty`` memory is arbitrary).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class PagedKV:
         self.values = torch.empty(shape, dtype=dtype, device=self.device)
         self.owner = torch.zeros(num_blocks, dtype=torch.long, device=self.device)  # row holding each block
         self.fill = torch.zeros(num_blocks, dtype=torch.long, device=self.device)  # tokens stored in each block
+        self.clean_upto = 0  # blocks below were zeroed once (blocks are first taken lowest first)
         self.row_ids: list[str] = []  # sequence id per row (row == index in the decode batch)
         self.lengths: list[int] = []  # tokens stored per row
 
@@ -80,6 +84,7 @@ class PagedKV:
         if len(layer_keys) != self.num_layers or len(layer_values) != self.num_layers:
             raise ValueError(f"KV has {len(layer_keys)} layers, the model has {self.num_layers}")
         blocks = self.blocks.admit(seq_id, length, total_tokens)
+        self._first_use(max(blocks, default=-1))
         row = self.rows
         index = torch.tensor(blocks, dtype=torch.long, device=self.device)
         full, rest = divmod(length, self.block_size)
@@ -103,6 +108,8 @@ class PagedKV:
         freed = torch.tensor(self.blocks.release(self.row_ids[row]), dtype=torch.long, device=self.device)
         self.owner[freed] = 0
         self.fill[freed] = 0
+        self.keys.index_fill_(1, freed, 0.0)
+        self.values.index_fill_(1, freed, 0.0)
         last, moved = self.rows - 1, None
         if row != last:
             moved_blocks = self.blocks.tables[self.row_ids[last]].blocks
@@ -121,6 +128,7 @@ class PagedKV:
             table = self.blocks.tables[seq_id].blocks
             if n // bs == len(table):  # the row's blocks are full: take one from its reservation
                 block = self.blocks.grow(seq_id)
+                self._first_use(block)
                 self.owner[block] = row
             block = table[n // bs]
             last_blocks.append(block)
@@ -131,6 +139,13 @@ class PagedKV:
 
     def advance(self) -> None:
         self.lengths = [n + 1 for n in self.lengths]
+
+    def _first_use(self, block: int) -> None:
+        """Zero the blocks up to ``block`` that were never used (the ever-used blocks are a prefix)."""
+        if block >= self.clean_upto:
+            self.keys[:, self.clean_upto : block + 1].zero_()
+            self.values[:, self.clean_upto : block + 1].zero_()
+            self.clean_upto = block + 1
 
 
 class PagedStep(Cache):

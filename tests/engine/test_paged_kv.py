@@ -125,3 +125,27 @@ def test_smollm2_mixed_lengths_bit_identical_to_generate_within_the_memory_bound
     for i, (prompt, m) in enumerate(zip(prompts, max_tokens)):
         assert done[f"r{i}"] == _generate(smol, prompt, m), f"request {i} ({len(prompt)} prompt tokens)"
     assert per_token <= MEMORY_BOUND, f"KV per live token at peak is {per_token:.2f}x the formula"
+
+
+def test_non_finite_leftovers_of_a_sequence_that_left_never_reach_another_row() -> None:
+    torch.manual_seed(1)
+    kv_heads, heads, dim, bs = 1, 2, 4, 4
+    kv = PagedKV(num_layers=1, kv_heads=kv_heads, head_dim=dim, dtype=torch.float32, device="cpu", num_blocks=8, block_size=bs)
+    kv.keys.fill_(float("nan"))  # what torch.empty may hold
+    kv.values.fill_(float("nan"))
+    poisoned = torch.full((kv_heads, 7, dim), float("inf"))  # a corrupted KV (e.g. bit flips in exponents)
+    kv.join("bad", [poisoned], [poisoned], 7, 8)  # blocks 0, 1
+    good_k, good_v = torch.randn(kv_heads, 5, dim), torch.randn(kv_heads, 5, dim)
+    kv.join("good", [good_k], [good_v], 5, 8)  # blocks 2, 3: a partly filled last block
+    kv.leave(0)  # "bad" leaves: blocks 0, 1 are free; "good" is row 0 now
+    kv.join("other", [good_k[:, :3]], [good_v[:, :3]], 3, 4)  # takes block 0 again; block 1 stays a free hole
+    kv.join("third", [good_k], [good_v], 5, 6)
+    kv.leave(1)  # "other" leaves again: holes 0 and 1 below the high water mark; two rows keep the paged path
+    new_k, new_v = torch.randn(1, kv_heads, 1, dim), torch.randn(1, kv_heads, 1, dim)
+    step = kv.step_cache()
+    pool_k, pool_v = step.update(torch.cat([new_k, new_k]), torch.cat([new_v, new_v]), 0)
+    q = torch.randn(2, heads, 1, dim)
+    got = paged_decode_attention(q, pool_k, pool_v, step.valid, step.owner, None)
+    assert torch.isfinite(got).all()
+    want = _reference_attention(q, [torch.cat([good_k, new_k[0]], 1)] * 2, [torch.cat([good_v, new_v[0]], 1)] * 2)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
