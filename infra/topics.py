@@ -22,6 +22,20 @@ CONTROL_PARTITIONS = 4
 POOL_PARTITIONS = 6  # up to 6 workers of one phase can share a pool's work
 POOL_NAME = re.compile(r"^[a-z][a-z0-9-]{0,47}$")
 
+# The names code produces to and consumes from; each is declared in STATIC_TOPICS below
+# (tests/infra/test_topics.py checks it), and per-pool names come from prefill_topic/decode_topic.
+JOBS_SUBMITTED_TOPIC = "jobs.submitted"
+KV_READY_TOPIC = "kv.ready"
+RESULTS_TOPIC = "results"
+ATTEMPTS_FAILED_TOPIC = "attempts.failed"
+TELEMETRY_PHASE_TOPIC = "telemetry.phase"
+HEARTBEAT_TOPIC = "pools.heartbeat"
+PROFILES_TOPIC = "profiles"
+CANARY_RESULTS_TOPIC = "canary.results"
+TELEMETRY_DRIFT_TOPIC = "telemetry.drift"
+QUALITY_ALERTS_TOPIC = "quality.alerts"
+DEADLETTER_TOPIC = "deadletter"
+
 
 class UnknownTopicError(KeyError):
     """A topic name that the spec does not declare."""
@@ -146,6 +160,16 @@ def check_pool_name(pool: str) -> str:
     if not POOL_NAME.match(pool):
         raise ValueError(f"pool name {pool!r} must match {POOL_NAME.pattern} (lower case, digits, '-')")
     return pool
+
+
+def prefill_topic(pool: str) -> str:
+    """The topic of ``pool``'s prefill (and colocated) work."""
+    return f"prefill.{check_pool_name(pool)}"
+
+
+def decode_topic(pool: str) -> str:
+    """The topic of ``pool``'s decode work."""
+    return f"decode.{check_pool_name(pool)}"
 
 
 def pool_topics(pool: str, partitions: int = POOL_PARTITIONS) -> tuple[TopicSpec, ...]:
