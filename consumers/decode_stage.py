@@ -21,7 +21,7 @@ from phaseroute.consumers.handler import Output, WorkItem
 from phaseroute.consumers.prefill_stage import probe_of
 from phaseroute.consumers.telemetry_records import BatchCounter, DecodeWindow, WorkerTag, telemetry_output
 from phaseroute.engine import kv_codec
-from phaseroute.engine.errors import KVIntegrityError, KVNotFoundError
+from phaseroute.engine.errors import KVIntegrityError
 from phaseroute.engine.protocol import DecodeRequest, FinishedSequence, KVCache, PositionTrace
 
 WINDOW_STEPS = 16  # decode steps summarized by one telemetry record
@@ -67,6 +67,7 @@ class DecodeStage:
         self.joining: list[Joining] = []
         self.running: dict[str, Joining] = {}  # request_id -> sequence in the session
         self.orphans: set[str] = set()  # running sequences whose partition was revoked
+        self.twins: list[Joining] = []  # copies of a running sequence: done, the running one answers
         self.window = DecodeWindow()
         self.pending_telemetry: list[Output] = []
 
@@ -113,12 +114,28 @@ class DecodeStage:
     def in_flight(self) -> int:
         return len(self.running) + len(self.joining)
 
+    def request_ids(self) -> set[str]:
+        """Requests this stage will answer for (orphans of revoked partitions excluded)."""
+        return {j.request.request_id for j in self.joining} | (set(self.running) - self.orphans)
+
+    def take_twins(self) -> list[Joining]:
+        """Copies that a running sequence answers for: their offsets are done, they produce nothing."""
+        out, self.twins = self.twins, []
+        return out
+
     def step(self) -> list[tuple[Joining, FinishedSequence]]:
         """Admit waiting sequences that fit, run one step, return the sequences that finished."""
         while self.joining:
             nxt = self.joining[0]
-            if nxt.request.request_id in self.running:  # a replay of a running sequence: its twin answers
+            rid = nxt.request.request_id
+            if rid in self.running:  # a replay of a running sequence: its twin answers
                 self.joining.pop(0)
+                if rid in self.orphans:  # the running one lost its partition: it now answers for this copy
+                    self.orphans.discard(rid)
+                    self.twins.append(self.running[rid])
+                    self.running[rid] = nxt
+                else:
+                    self.twins.append(nxt)
                 continue
             if not self.session.can_add(nxt.request.kv.meta.prompt_len + nxt.request.max_tokens) and self.running:
                 break

@@ -59,6 +59,9 @@ class Handler(Protocol):
     def batch_ready(self, waited_s: float) -> bool:
         """True when the gathered items should run now (micro-batch full or waited long enough)."""
 
+    def due_in(self, now: float) -> float:
+        """Seconds until ``batch_ready`` turns true by waiting alone (the loop's poll waits that long at most)."""
+
     def admit(self, items: list[WorkItem]) -> list[Completion]:
         """Take items; return those refused at once (e.g. impossible content) as completions."""
 

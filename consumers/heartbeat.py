@@ -20,9 +20,8 @@ from typing import Any
 import psutil
 
 from phaseroute.consumers.kafka_clients import TrackedProducer
+from phaseroute.infra.topics import HEARTBEAT_TOPIC
 from phaseroute.schemas import serde
-
-HEARTBEAT_TOPIC = "pools.heartbeat"
 
 
 def kv_format_of(executor: Any) -> str | None:

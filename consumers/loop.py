@@ -3,7 +3,10 @@
 Life of a message through a worker:
 1. ``poll``: the worker takes messages only while its handler has capacity (backpressure:
    what it cannot run stays in Kafka, visible as consumer lag, and other workers of the group
-   can take it).
+   can take it). The poll blocks for new messages unless the handler has work to run now: a
+   handler that is only gathering (a micro-batch or a sink's insert batch not yet due) says
+   when it will be due (``due_in``), and the poll waits until then at most, instead of
+   spinning on empty polls.
 2. ``decode``: bytes that are not a valid Avro record of the expected kind go to the
    ``deadletter`` topic with the reason; the worker goes on.
 3. ``micro-batch``: the handler gathers items until its batch is full (count or token budget)
@@ -34,6 +37,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from phaseroute.consumers.handler import Completion, Handler, Output, WorkItem
 from phaseroute.consumers.kafka_clients import TrackedProducer, new_consumer
 from phaseroute.consumers.offsets import OffsetTracker
+from phaseroute.infra.topics import DEADLETTER_TOPIC
 from phaseroute.schemas import serde
 from phaseroute.schemas.deadletter import Rejected, safe_decode, to_dead_letter
 
@@ -44,7 +48,6 @@ log = logging.getLogger(__name__)
 _REBALANCE_ERRORS = frozenset({
     KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS, KafkaError.UNKNOWN_MEMBER_ID,
 })
-DEADLETTER_TOPIC = "deadletter"
 
 
 class InvalidWorkError(Exception):
@@ -131,8 +134,7 @@ class WorkerLoop:
             self.consumer.consume(1, 0)
             return
         self._set_paused(False)
-        busy = self.handler.in_flight() > 0
-        messages = self.consumer.consume(min(room, self.config.max_poll), 0 if busy else self.config.poll_timeout_s)
+        messages = self.consumer.consume(min(room, self.config.max_poll), self._poll_wait_s(time.time()))
         items, refused = [], []
         now = time.time()
         for msg in messages:
@@ -162,6 +164,17 @@ class WorkerLoop:
         if items:
             self.stats["items"] += len(items)
             self._finish(self.handler.admit(items))
+
+    def _poll_wait_s(self, now: float) -> float:
+        """0 when there is work to run now; else until the handler's batch is due (or the poll timeout)."""
+        if not self.handler.in_flight():
+            return self.config.poll_timeout_s
+        if self.handler.batch_ready(now):
+            return 0.0
+        due_in = getattr(self.handler, "due_in", None)
+        if due_in is None:  # a handler that cannot say: poll without waiting, as before
+            return 0.0
+        return min(self.config.poll_timeout_s, max(0.0, due_in(now)))
 
     # -- produce and commit ----------------------------------------------------------
     def _finish(self, completions: list[Completion]) -> None:

@@ -4,6 +4,9 @@ finished item produces.
 Life of a request through a worker of pool P:
 - ``prefill_work`` (topic ``prefill.P``): micro-batched prefill. Colocated work (``colocated``
   true, on a worker that also decodes) joins this worker's decode batch with no KV transfer.
+  On a worker that also decodes, while sequences are decoding the prefill batch runs in
+  chunks of ``prefill_chunk_tokens`` with one decode step after each chunk (chunked prefill:
+  decode never waits for a whole prefill); with nothing decoding it runs in one pass.
   Otherwise the KV blob goes to the KV store and the worker emits ``kv_ready`` (location,
   bytes, checksum, first token, timings) and, when the router already chose the decode pool,
   the ``decode_work`` for ``decode.<that pool>`` — both before its offset is committed.
@@ -12,6 +15,10 @@ Life of a request through a worker of pool P:
 - A failed attempt (KV corrupt or missing) emits ``attempt_failed`` for the tracker to retry
   elsewhere; impossible work (prompt beyond the context, a model the pool lacks) goes to the
   dead-letter topic with the engine's reason, and the worker keeps running.
+- A copy of a request this worker is already running (a speculative copy or a replay, same
+  request id: work is keyed by request id, so copies land on the same partition and worker)
+  is done at once with no output: the running attempt answers for it, and running it twice in
+  one process could never finish sooner (``duplicates_skipped`` counts them).
 Every output carries a deterministic key and attempt id, so a replay overwrites, never adds.
 Drift canaries (``canary`` set, tenant ``_canary``) take exactly this path; their ``canary``
 field and trace ride along on ``decode_work`` and ``result``, and their results go to
@@ -38,14 +45,11 @@ from phaseroute.consumers.telemetry_records import BatchCounter, WorkerTag
 from phaseroute.engine import kv_codec
 from phaseroute.engine.errors import EngineError, KVIntegrityError, KVNotFoundError
 from phaseroute.engine.protocol import FinishedSequence, KVCache, PrefillResult
+from phaseroute.infra.topics import ATTEMPTS_FAILED_TOPIC, CANARY_RESULTS_TOPIC, KV_READY_TOPIC, RESULTS_TOPIC, decode_topic
 from phaseroute.streams.policy.lifecycle import attempt_id
 from phaseroute.streams.policy.types import Phase
 
 log = logging.getLogger(__name__)
-KV_READY_TOPIC = "kv.ready"
-RESULTS_TOPIC = "results"
-CANARY_RESULTS_TOPIC = "canary.results"  # drift canaries' results go to the drift monitor, not to the result sink
-ATTEMPT_FAILED_TOPIC = "attempts.failed"
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,8 @@ class WorkerSpec:
     decode: bool
     limits: MicroBatchLimits = MicroBatchLimits()
     max_decode_batch: int = 32
+    prefill_chunk_tokens: int = 256  # colocated: padded prompt tokens per prefill chunk between decode steps
+    efficient_prefill_batch: int | None = None  # from the pool's profile (prefill_budget); None: limits only
     kv_bitflips: KVBitflips | None = None  # fault injection (tests, drills): corrupt handed-over KV
 
 
@@ -111,9 +117,10 @@ class PhaseHandler:
         self.spec = spec
         self.tag = WorkerTag(spec.pool, spec.worker_id, executor.model_name, spec.variant)
         batches = BatchCounter(spec.worker_id)
-        self.prefill = PrefillStage(executor, self.tag, batches, spec.limits) if spec.prefill else None
+        self.prefill = PrefillStage(executor, self.tag, batches, spec.limits, spec.efficient_prefill_batch) if spec.prefill else None
         self.decode = DecodeStage(executor, store, self.tag, batches, spec.max_decode_batch) if spec.decode else None
         self._telemetry: list[Output] = []
+        self.duplicates_skipped = 0
 
     # -- Handler protocol -------------------------------------------------------------
     def capacity(self) -> int:
@@ -122,8 +129,11 @@ class PhaseHandler:
     def batch_ready(self, now: float) -> bool:
         return bool((self.prefill and self.prefill.ready(now)) or (self.decode and self.decode.in_flight()))
 
+    def due_in(self, now: float) -> float:
+        return self.prefill.due_in(now) if self.prefill and self.prefill.waiting else 3600.0
+
     def in_flight(self) -> int:
-        return (len(self.prefill.waiting) if self.prefill else 0) + (self.decode.in_flight() if self.decode else 0)
+        return (self.prefill.in_flight() if self.prefill else 0) + (self.decode.in_flight() if self.decode else 0)
 
     def admit(self, items: list[WorkItem]) -> list[Completion]:
         done = []
@@ -136,14 +146,20 @@ class PhaseHandler:
     def step(self) -> list[Completion]:
         done: list[Completion] = []
         if self.prefill and self.prefill.ready(time.time()):
-            results, telemetry = self.prefill.run()
-            self._telemetry.append(telemetry)
-            for item, result in results:
-                finished = self._after_prefill(item, result)
-                if finished is not None:
-                    done.append(finished)
+            decoding = self.decode is not None and self.decode.in_flight() > 0
+            ran = self.prefill.run(self.spec.prefill_chunk_tokens if decoding else None)
+            if ran is not None:
+                results, telemetry = ran
+                self._telemetry.append(telemetry)
+                for item, result in results:
+                    finished = self._after_prefill(item, result)
+                    if finished is not None:
+                        done.append(finished)
         if self.decode and self.decode.in_flight():
             done.extend(Completion(j.item, [self._result(j, seq)]) for j, seq in self.decode.step())
+            twins = self.decode.take_twins()
+            self.duplicates_skipped += len(twins)
+            done.extend(Completion(j.item) for j in twins)
         return done
 
     def drop(self, tps: list[tuple[str, int]]) -> int:
@@ -154,16 +170,25 @@ class PhaseHandler:
         return out + (self.decode.telemetry() if self.decode else [])
 
     def status(self) -> dict[str, Any]:
-        kv_used = self.decode.session.kv_bytes_allocated() if self.decode else 0
+        """Heartbeat numbers; a decoding worker's free KV is its block pool's free blocks (not reserved)."""
+        session = self.decode.session if self.decode else None
         return {
             "batch_in_flight": self.in_flight(),
             "max_batch": self.spec.max_decode_batch if self.decode else self.spec.limits.max_batch,
-            "kv_free_bytes": max(0, self.executor.kv_budget_bytes - kv_used),
-            "kv_capacity_bytes": self.executor.kv_budget_bytes,
+            "kv_free_bytes": session.kv_free_bytes() if session else self.executor.kv_budget_bytes,
+            "kv_capacity_bytes": session.kv_capacity_bytes() if session else self.executor.kv_budget_bytes,
         }
 
     # -- the work ------------------------------------------------------------------------
+    def _running_ids(self) -> set[str]:
+        return (self.prefill.request_ids() if self.prefill else set()) | (self.decode.request_ids() if self.decode else set())
+
     def _admit_one(self, item: WorkItem) -> Completion | None:
+        if item.kind in ("prefill_work", "decode_work") and item.record.get("request_id") in self._running_ids():
+            log.info("%s %s: request %s already runs here; this copy is done without output",
+                     self.spec.worker_id, item.kind, item.record["request_id"])
+            self.duplicates_skipped += 1
+            return Completion(item)
         if item.kind == "prefill_work":
             if self.prefill is None:
                 return Completion(item, dead_letter_reason=f"pool {self.spec.pool!r} does not prefill", error_class="WrongPhase")
@@ -227,7 +252,7 @@ class PhaseHandler:
             if record.get("canary") is not None:
                 work["canary"] = record["canary"]
                 work["canary_trace"] = trace_to_avro([result.first_trace]) if result.first_trace is not None else None
-            outputs.append(Output(f"decode.{record['decode_pool']}", record["request_id"], "decode_work", work))
+            outputs.append(Output(decode_topic(record["decode_pool"]), record["request_id"], "decode_work", work))
         return outputs
 
     def _result(self, joined: Joining, seq: FinishedSequence) -> Output:
@@ -245,6 +270,7 @@ class PhaseHandler:
             "completed_at": _ms(time.time()), "canary": record.get("canary"),
             "canary_trace": trace_to_avro(seq.trace) if seq.trace is not None else None,
         }
+        # drift canaries' results go to the drift monitor, not to the result sink
         topic = CANARY_RESULTS_TOPIC if record.get("canary") is not None else RESULTS_TOPIC
         return Output(topic, record["job_id"], "result", result)
 
@@ -256,7 +282,7 @@ class PhaseHandler:
             "worker_id": self.spec.worker_id, "error_class": type(exc).__name__, "error": str(exc),
             "retryable": retryable, "at": _ms(time.time()),
         }
-        return Output(ATTEMPT_FAILED_TOPIC, record["job_id"], "attempt_failed", failed)
+        return Output(ATTEMPTS_FAILED_TOPIC, record["job_id"], "attempt_failed", failed)
 
 
 __all__ = ["KVBitflips", "PhaseHandler", "WorkerSpec", "blob_checksum"]

@@ -4,9 +4,12 @@ Life of a ``prefill_work`` item here: ``accept`` tokenizes the prompt and asks t
 whether it can run at all (model loaded, prompt + max_tokens within the context, KV within
 the memory budget); an impossible item is refused with the engine's reason (it goes to the
 dead-letter topic). Accepted items wait in the micro-batch until it holds ``max_batch``
-items or ``max_batch_tokens`` prompt tokens, or the first has waited ``max_wait_s``; ``run``
-then prefills them together (one batch = one telemetry record) and returns each item's
-KV, first token and timings to the worker. A FORCED drift canary (``canary`` set) carries a
+items or ``max_batch_tokens`` prompt tokens (the token budget: ``prefill_budget`` derives it
+from the pool's measured profile), or the first has waited ``max_wait_s``; ``run`` then
+prefills them together (one batch = one telemetry record) and returns each item's KV, first
+token and timings to the worker. ``run(chunk_tokens)`` runs only the next chunk of about
+that many padded tokens and returns None until the batch's last chunk: a colocated worker
+calls it between decode steps, so its decode batch never waits for a whole prefill. A FORCED drift canary (``canary`` set) carries a
 ``TokenProbe``: its first token is forced and position 0 is traced (``probe_of``).
 """
 
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from phaseroute.consumers.handler import Completion, Output, WorkItem
+from phaseroute.consumers.prefill_budget import TokenBudget
 from phaseroute.consumers.telemetry_records import BatchCounter, WorkerTag, telemetry_output
 from phaseroute.engine.errors import AdmissionError
 from phaseroute.engine.protocol import PrefillItem, PrefillResult, TokenProbe
@@ -54,13 +58,18 @@ class _Waiting:
 class PrefillStage:
     """Holds prefill work until its micro-batch is due, then runs it."""
 
-    def __init__(self, executor: Any, tag: WorkerTag, batches: BatchCounter, limits: MicroBatchLimits) -> None:
+    def __init__(self, executor: Any, tag: WorkerTag, batches: BatchCounter, limits: MicroBatchLimits,
+                 efficient_batch: int | None = None) -> None:
         self.executor = executor
         self.tag = tag
         self.batches = batches
         self.limits = limits
+        self.budget = TokenBudget(limits.max_batch_tokens, efficient_batch)
         self.waiting: list[_Waiting] = []
         self.first_at: float | None = None
+        self.running: list[_Waiting] = []  # the batch of the prefill job in progress
+        self.job: Any = None  # engine PrefillJob while a batch runs in chunks
+        self.job_started = 0.0
 
     def accept(self, item: WorkItem) -> Completion | None:
         """Queue the item, or refuse it at once (a Completion with the reason)."""
@@ -77,46 +86,75 @@ class PrefillStage:
         if not self.waiting:
             self.first_at = time.time()
         self.waiting.append(_Waiting(item, ids))
+        self.budget.observe(len(ids))
         return None
 
     def room(self) -> int:
         return max(0, self.limits.max_batch - len(self.waiting))
 
+    def in_flight(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def request_ids(self) -> set[str]:
+        return {w.item.record["request_id"] for w in (*self.waiting, *self.running)}
+
+    def due_in(self, now: float) -> float:
+        """Seconds until the first waiting item has waited ``max_wait_s``."""
+        return max(0.0, self.limits.max_wait_s - (now - (self.first_at or now)))
+
     def ready(self, now: float) -> bool:
+        if self.job is not None:
+            return True
         if not self.waiting:
             return False
         tokens = sum(len(w.token_ids) for w in self.waiting)
-        full = len(self.waiting) >= self.limits.max_batch or tokens >= self.limits.max_batch_tokens
+        full = len(self.waiting) >= self.limits.max_batch or tokens >= self.budget.tokens()
         return full or now - (self.first_at or now) >= self.limits.max_wait_s
 
-    def run(self) -> tuple[list[tuple[WorkItem, PrefillResult]], Output]:
-        """Prefill one micro-batch (within the token budget); return results and its telemetry."""
-        batch, tokens = [], 0
+    def run(self, chunk_tokens: int | None = None) -> tuple[list[tuple[WorkItem, PrefillResult]], Output] | None:
+        """Prefill (the next chunk of) one micro-batch; its results and telemetry after the last chunk."""
+        if self.job is None:
+            self._start()
+        results = self.job.advance(chunk_tokens)
+        if results is None:
+            return None
+        batch, job = self.running, self.job
+        self.running, self.job = [], None
+        elapsed = time.time() - self.job_started
+        lens = [len(w.token_ids) for w in batch]
+        waits = [max(0.0, self.job_started - w.item.record["dispatched_at"] / 1000) for w in batch]
+        telemetry = telemetry_output(
+            self.tag, self.batches.next_id(), "PREFILL", batch_size=len(batch), tokens_in=sum(lens),
+            tokens_out=len(batch), seq_len_mean=sum(lens) / len(lens), seq_len_max=max(lens),
+            queue_wait_s=sum(waits) / len(waits), exec_time_s=job.compute_s, steps=job.chunks,
+            step_latency_s=job.compute_s / job.chunks, step_latency_s_max=elapsed,
+        )
+        return [(w.item, r) for w, r in zip(batch, results)], telemetry
+
+    def _start(self) -> None:
+        """Take one micro-batch (within the token budget) off the queue and start its prefill job."""
+        batch: list[_Waiting] = []
+        tokens, budget = 0, self.budget.tokens()
         for waiting in self.waiting:
-            if batch and (len(batch) >= self.limits.max_batch or tokens + len(waiting.token_ids) > self.limits.max_batch_tokens):
+            if batch and (len(batch) >= self.limits.max_batch or tokens + len(waiting.token_ids) > budget):
                 break
             batch.append(waiting)
             tokens += len(waiting.token_ids)
         self.waiting = self.waiting[len(batch):]
         self.first_at = time.time() if self.waiting else None
-        started = time.time()
-        results = self.executor.prefill([
+        self.job_started = time.time()
+        self.running = batch
+        self.job = self.executor.start_prefill([
             PrefillItem(w.item.record["request_id"], w.item.record["max_tokens"], token_ids=tuple(w.token_ids),
                         probe=probe_of(w.item.record))
             for w in batch
         ])
-        elapsed = time.time() - started
-        lens = [len(w.token_ids) for w in batch]
-        waits = [max(0.0, started - w.item.record["dispatched_at"] / 1000) for w in batch]
-        telemetry = telemetry_output(
-            self.tag, self.batches.next_id(), "PREFILL", batch_size=len(batch), tokens_in=sum(lens),
-            tokens_out=len(batch), seq_len_mean=sum(lens) / len(lens), seq_len_max=max(lens),
-            queue_wait_s=sum(waits) / len(waits), exec_time_s=elapsed, steps=1, step_latency_s=elapsed,
-            step_latency_s_max=elapsed,
-        )
-        return [(w.item, r) for w, r in zip(batch, results)], telemetry
 
     def drop(self, tps: list[tuple[str, int]]) -> int:
-        before = len(self.waiting)
+        before = self.in_flight()
         self.waiting = [w for w in self.waiting if w.item.tp not in tps]
-        return before - len(self.waiting)
+        if any(w.item.tp in tps for w in self.running):  # the running batch is abandoned whole; the rest is retaken
+            self.waiting = [w for w in self.running if w.item.tp not in tps] + self.waiting
+            self.running, self.job = [], None
+            self.first_at = time.time() if self.waiting else None
+        return before - self.in_flight()

@@ -3,7 +3,9 @@
 Life of a telemetry record: a worker emitted one ``phase_telemetry`` record per executed batch
 (or a ``pool_heartbeat`` every few seconds). The sink gathers records for up to
 ``flush_interval_s`` or ``max_rows``, inserts them as one Arrow batch per table, and only then
-lets the loop commit. A crash redoes the uncommitted tail; ``phase_telemetry`` is a
+lets the loop commit (the loop's poll waits for the flush instead of spinning while records
+are buffered; each record costs one dict conversion, nothing that grows with the history:
+``SinkCost`` counts records, batches and the seconds the inserts took). A crash redoes the uncommitted tail; ``phase_telemetry`` is a
 ReplacingMergeTree keyed by batch_id, and readers count ``DISTINCT batch_id``, so a replay
 never inflates the figures. The drift monitor's ``drift_measurement`` and ``quality_alert``
 records (``telemetry.drift``, ``quality.alerts``) land in their tables the same way. In embedded
@@ -13,6 +15,7 @@ mode this process owns the chdb data path.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -45,6 +48,22 @@ TABLES = {
 }
 
 
+@dataclass
+class SinkCost:
+    """What the inserts cost: records, batches, wall and CPU seconds (this process, all threads)."""
+
+    records: int = 0
+    batches: int = 0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+
+    def add(self, records: int, wall_s: float, cpu_s: float) -> None:
+        self.records += records
+        self.batches += 1
+        self.wall_s += wall_s
+        self.cpu_s += cpu_s
+
+
 class TelemetrySinkHandler:
     """Buffers telemetry records and inserts them into ClickHouse per batch."""
 
@@ -56,6 +75,7 @@ class TelemetrySinkHandler:
         self._buffer: list[WorkItem] = []
         self._first_at: float | None = None
         self.inserted = {kind: 0 for kind in TABLES}
+        self.cost = SinkCost()
 
     def capacity(self) -> int:
         return self.max_rows - len(self._buffer)
@@ -64,6 +84,9 @@ class TelemetrySinkHandler:
         if not self._buffer:
             return False
         return len(self._buffer) >= self.max_rows or now - (self._first_at or now) >= self.flush_interval_s
+
+    def due_in(self, now: float) -> float:
+        return max(0.0, self.flush_interval_s - (now - (self._first_at or now)))
 
     def admit(self, items: list[WorkItem]) -> list[Completion]:
         refused = [Completion(i, dead_letter_reason=f"no ClickHouse table for kind {i.kind!r}", error_class="UnknownKind")
@@ -75,10 +98,15 @@ class TelemetrySinkHandler:
         return refused
 
     def step(self) -> list[Completion]:
+        started, cpu = time.perf_counter(), time.process_time()
         batch, self._buffer, self._first_at = self._buffer, [], None
-        for kind, (table, columns) in TABLES.items():
-            rows = [_row(i.record) for i in batch if i.kind == kind]
+        by_kind: dict[str, list[dict[str, Any]]] = {kind: [] for kind in TABLES}
+        for item in batch:
+            by_kind[item.kind].append(_row(item.record))
+        for kind, rows in by_kind.items():
+            table, columns = TABLES[kind]
             self.inserted[kind] += insert_rows(self.client, f"{self.database}.{table}", rows, columns)
+        self.cost.add(len(batch), time.perf_counter() - started, time.process_time() - cpu)
         return [Completion(i) for i in batch]
 
     def in_flight(self) -> int:

@@ -3,7 +3,9 @@
 A prefill/decode/colocated worker of pool P joins the consumer group ``phaseroute.<phase>.P``
 on ``prefill.P`` and/or ``decode.P``; starting another worker with the same pool and phase
 splits the partitions (operators scale a pool by starting workers). Sinks run the same loop
-with their own handlers.
+with their own handlers. A worker started without ``threads`` uses every core this process may
+run on (``machine.default_threads``); a stack with several workers on one machine gives each
+its share (``machine.plan_pools``).
 """
 
 from __future__ import annotations
@@ -20,9 +22,21 @@ from phaseroute.config import Settings
 from phaseroute.consumers.handler import Handler
 from phaseroute.consumers.heartbeat import Heartbeat, WorkerIdentity, kv_format_of
 from phaseroute.consumers.loop import LoopConfig, WorkerLoop
+from phaseroute.consumers.machine import default_threads
 from phaseroute.consumers.phase_handler import KVBitflips, PhaseHandler, WorkerSpec
+from phaseroute.consumers.prefill_budget import efficient_batch_size, load_prefill_curve
 from phaseroute.consumers.prefill_stage import MicroBatchLimits
-from phaseroute.infra.topics import check_pool_name
+from phaseroute.infra.topics import (
+    HEARTBEAT_TOPIC,
+    PROFILES_TOPIC,
+    QUALITY_ALERTS_TOPIC,
+    RESULTS_TOPIC,
+    TELEMETRY_DRIFT_TOPIC,
+    TELEMETRY_PHASE_TOPIC,
+    check_pool_name,
+    decode_topic,
+    prefill_topic,
+)
 
 log = logging.getLogger(__name__)
 PHASES = ("prefill", "decode", "both")
@@ -40,6 +54,8 @@ class WorkerOptions:
     max_batch_tokens: int = 4096
     max_wait_s: float = 0.05
     max_decode_batch: int = 32
+    prefill_chunk_tokens: int = 256  # colocated: prefill chunk (padded tokens) between decode steps
+    budget_from_profile: bool = True  # size prefill micro-batches by the pool's PREFILL profile curve
     worker_id: str | None = None
     heartbeat_s: float = 2.0
     throttle_file: str | None = None  # fault injection: slowdown factor read from this file
@@ -50,6 +66,10 @@ class WorkerOptions:
         check_pool_name(self.pool)
         if self.phase not in PHASES:
             raise ValueError(f"phase {self.phase!r} must be one of {PHASES}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads={self.threads} must be >= 1")
+        if self.prefill_chunk_tokens < 1:
+            raise ValueError(f"prefill_chunk_tokens={self.prefill_chunk_tokens} must be >= 1")
 
 
 def worker_id_for(pool: str, phase: str) -> str:
@@ -59,9 +79,9 @@ def worker_id_for(pool: str, phase: str) -> str:
 def worker_topics(pool: str, phase: str) -> dict[str, str]:
     topics = {}
     if phase in ("prefill", "both"):
-        topics[f"prefill.{pool}"] = "prefill_work"
+        topics[prefill_topic(pool)] = "prefill_work"
     if phase in ("decode", "both"):
-        topics[f"decode.{pool}"] = "decode_work"
+        topics[decode_topic(pool)] = "decode_work"
     return topics
 
 
@@ -70,7 +90,8 @@ def build_phase_worker(settings: Settings, opts: WorkerOptions, executor: Any = 
     from phaseroute.engine.kv_store import open_store
     from phaseroute.engine.registry import build_executor
 
-    executor = executor or build_executor(opts.model, opts.variant, threads=opts.threads, device=opts.device)
+    threads = opts.threads or default_threads()
+    executor = executor or build_executor(opts.model, opts.variant, threads=threads, device=opts.device)
     if opts.throttle_file:
         from pathlib import Path
 
@@ -78,11 +99,17 @@ def build_phase_worker(settings: Settings, opts: WorkerOptions, executor: Any = 
 
         executor = ThrottledExecutor(executor, Path(opts.throttle_file))
     worker_id = opts.worker_id or worker_id_for(opts.pool, opts.phase)
+    efficient_batch = None
+    if opts.phase in ("prefill", "both") and opts.budget_from_profile:
+        curve = load_prefill_curve(settings.bootstrap_servers, PROFILES_TOPIC, executor.model_name, opts.pool, opts.variant)
+        efficient_batch = efficient_batch_size(curve)
+        log.info("prefill token budget: efficient batch %s from the profile curve %s", efficient_batch, curve)
     spec = WorkerSpec(
         pool=opts.pool, worker_id=worker_id, variant=opts.variant,
         prefill=opts.phase in ("prefill", "both"), decode=opts.phase in ("decode", "both"),
         limits=MicroBatchLimits(opts.max_batch, opts.max_batch_tokens, opts.max_wait_s),
-        max_decode_batch=opts.max_decode_batch,
+        max_decode_batch=opts.max_decode_batch, prefill_chunk_tokens=opts.prefill_chunk_tokens,
+        efficient_prefill_batch=efficient_batch,
         kv_bitflips=KVBitflips(opts.kv_bitflips, opts.kv_bitflips_to) if opts.kv_bitflips > 0 else None,
     )
     handler = PhaseHandler(executor, open_store(settings.kv_store), spec)
@@ -139,7 +166,7 @@ def build_result_sink(settings: Settings, group_suffix: str = "") -> WorkerLoop:
     handler = ResultSinkHandler(open_blob_store(settings.blob_store), writer=client_id)
     config = LoopConfig(
         bootstrap=settings.bootstrap_servers, group_id="phaseroute.result-sink" + group_suffix,
-        client_id=client_id, topic_kinds={"results": "result"}, service="result-sink",
+        client_id=client_id, topic_kinds={RESULTS_TOPIC: "result"}, service="result-sink",
     )
     return WorkerLoop(config, handler)
 
@@ -160,9 +187,9 @@ def build_telemetry_sink(settings: Settings, group_suffix: str = "", profiles: b
     config = LoopConfig(
         bootstrap=settings.bootstrap_servers, group_id="phaseroute.telemetry-sink" + group_suffix,
         client_id=f"telemetry-sink.{os.getpid()}",
-        topic_kinds={"telemetry.phase": "phase_telemetry", "pools.heartbeat": "pool_heartbeat",
-                     "telemetry.drift": "drift_measurement", "quality.alerts": "quality_alert"},
-        service="telemetry-sink",
+        topic_kinds={TELEMETRY_PHASE_TOPIC: "phase_telemetry", HEARTBEAT_TOPIC: "pool_heartbeat",
+                     TELEMETRY_DRIFT_TOPIC: "drift_measurement", QUALITY_ALERTS_TOPIC: "quality_alert"},
+        service="telemetry-sink", max_poll=1000,  # small records: take many per poll
     )
     builder = service_builder(client, settings.bootstrap_servers, settings.clickhouse_database) if profiles else None
     loop = WorkerLoop(config, handler, on_tick=builder.on_tick if builder else None)

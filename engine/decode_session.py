@@ -1,12 +1,14 @@
 """Continuous-batching decode session on the torch executor.
 
 Life of a sequence: ``add(DecodeRequest)`` checks the KV against the model (``KVMeta``), admits it
-against the context and the KV budget (``can_add`` is the side-effect-free predicate), and copies
-its prompt KV into a row of the preallocated ``SlotKV``. If its first token is already EOS or
+against the context and the free blocks of the session's paged KV pool (``can_add`` is the
+side-effect-free predicate), and copies its prompt KV into blocks of the ``PagedKV`` pool
+(reserving the blocks ``max_tokens`` may need, so it never has to be preempted). If its first token is already EOS or
 ``max_tokens == 1`` it is finished at once and handed back by the next ``step()``. Every
 ``step()`` runs one forward pass over all running rows (each at its own position), appends one
-greedy token per row, and returns the sequences that hit EOS or ``max_tokens``; their rows are
-freed immediately, so a new sequence may join before the next step. A request carrying a
+greedy token per row, and returns the sequences that hit EOS or ``max_tokens``; their blocks are
+freed immediately, so a new sequence may join before the next step. The pool is sized once:
+``kv_budget_bytes`` of the executor, at most ``max_batch`` sequences of the model's full context. A request carrying a
 ``TokenProbe`` (drift canaries) is fed its forced tokens instead of its greedy choices and
 leaves with one ``PositionTrace`` per position; the other rows of the batch are unaffected.
 """
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from phaseroute.engine.errors import KVBudgetError
-from phaseroute.engine.kv_cache import SlotKV
+from phaseroute.engine.kv_cache import DEFAULT_BLOCK_SIZE, PagedKV
 from phaseroute.engine.protocol import DecodeRequest, FinishedSequence, PositionTrace, StepStats, TokenLogprobs, TokenProbe
 
 if TYPE_CHECKING:
@@ -43,16 +45,25 @@ class _Running:
 class TorchDecodeSession:
     """See the module docstring. Not thread-safe: one session per worker loop."""
 
-    def __init__(self, executor: TorchExecutor, max_batch: int = 64, return_logprobs: int = 0, ignore_eos: bool = False) -> None:
+    def __init__(
+        self, executor: TorchExecutor, max_batch: int = 64, return_logprobs: int = 0, ignore_eos: bool = False,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+    ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch} must be >= 1")
         self.executor, self.max_batch, self.return_logprobs = executor, max_batch, return_logprobs
         self.stop_ids = frozenset() if ignore_eos else executor.eos_token_ids  # ignore_eos: profiling only
-        self.slots = SlotKV(
+        block_bytes = executor.kv_bytes_per_token() * block_size
+        per_sequence = -(-executor.max_context // block_size)
+        num_blocks = min(executor.kv_budget_bytes // block_bytes, max_batch * per_sequence)
+        if num_blocks < 1:
+            raise KVBudgetError(f"KV budget {executor.kv_budget_bytes} bytes holds no block of {block_size} tokens ({block_bytes} bytes)")
+        self.kv = PagedKV(
             executor.num_layers, executor.kv_heads, executor.head_dim, executor.kv_dtype, executor.config.device,
-            max_seq=executor.max_context, max_rows=max_batch, budget_bytes=executor.kv_budget_bytes,
+            num_blocks=num_blocks, block_size=block_size,
         )
-        self.seqs: list[_Running] = []  # index == row in self.slots
+        self.seqs: list[_Running] = []  # index == row in self.kv
+        self._joined = 0  # sequence ids in the pool are join counters (a request id may come twice)
         self.done_at_join: list[FinishedSequence] = []
         self.stats = StepStats()
 
@@ -65,14 +76,22 @@ class TorchDecodeSession:
         return len(self.seqs)
 
     def kv_bytes_allocated(self) -> int:
-        return self.slots.capacity_bytes()
+        """Bytes of the blocks holding tokens now."""
+        return self.kv.allocated_bytes()
+
+    def kv_free_bytes(self) -> int:
+        """Bytes of the blocks a new sequence can get (neither taken nor reserved)."""
+        return self.kv.free_bytes()
+
+    def kv_capacity_bytes(self) -> int:
+        """Bytes of the whole preallocated block pool."""
+        return self.kv.capacity_bytes()
 
     def can_add(self, total_tokens: int) -> bool:
         """Whether a sequence needing ``total_tokens`` KV slots (prompt + max_tokens) fits now."""
         if len(self.seqs) >= self.max_batch or total_tokens > self.executor.max_context:
             return False
-        rows, seq = self.slots.planned_capacity(1, total_tokens)
-        return self.slots.capacity_bytes(rows, seq) <= self.executor.kv_budget_bytes
+        return self.kv.can_join(total_tokens)
 
     def add(self, request: DecodeRequest) -> None:
         meta = request.kv.meta
@@ -88,13 +107,14 @@ class TorchDecodeSession:
             self.done_at_join.append(self._finish(seq))
             return
         if not self.can_add(total):
-            rows, cap = self.slots.planned_capacity(1, total)
+            blocks = self.kv.blocks
             raise KVBudgetError(
                 f"request {request.request_id!r} cannot join: {len(self.seqs)}/{self.max_batch} rows running, "
-                f"KV would grow to {rows} rows x {cap} tokens = {self.slots.capacity_bytes(rows, cap)} bytes "
-                f"> budget {self.executor.kv_budget_bytes}"
+                f"it needs {blocks.blocks_for(total)} KV blocks of {blocks.block_size} tokens ({total} tokens), "
+                f"{blocks.free_blocks} of {blocks.num_blocks} are free"
             )
-        self.slots.append(request.kv.keys, request.kv.values, meta.prompt_len, total)
+        self._joined += 1
+        self.kv.join(str(self._joined), request.kv.keys, request.kv.values, meta.prompt_len, total)
         self.seqs.append(seq)
 
     def step(self) -> list[FinishedSequence]:
@@ -105,7 +125,7 @@ class TorchDecodeSession:
         logits = self._forward()
         greedy = logits.argmax(dim=-1).tolist()
         next_tokens = [s.probe.forced(len(s.tokens), g) if s.probe else g for s, g in zip(self.seqs, greedy)]
-        self.slots.advance()
+        self.kv.advance()
         logprobs = self._logprobs(logits, next_tokens) if self.return_logprobs else None
         traces = self._traces(logits, greedy)
         leaving = []
@@ -120,12 +140,10 @@ class TorchDecodeSession:
                 leaving.append(row)
         for row in reversed(leaving):  # highest first: the row moved into `row` is never a leaving one
             finished.append(self._finish(self.seqs[row]))
-            moved = self.slots.remove(row)
+            moved = self.kv.leave(row)
             last = self.seqs.pop()
             if moved is not None:
                 self.seqs[row] = last
-        if leaving:
-            self.slots.shrink()
         elapsed = time.perf_counter() - started
         self.stats.steps += 1
         self.stats.tokens += len(next_tokens)
@@ -136,15 +154,17 @@ class TorchDecodeSession:
 
     def _forward(self) -> torch.Tensor:
         ex = self.executor
-        cache = self.slots.step_cache()
+        cache = self.kv.step_cache()
         input_ids = torch.tensor([[s.tokens[-1]] for s in self.seqs], dtype=torch.long, device=ex.device)
         with torch.inference_mode():
             hidden = ex.decoder(
                 input_ids=input_ids,
                 position_ids=cache.positions[:, None],
-                attention_mask=cache.attention_mask(),
                 use_cache=True,
                 **{ex.cache_kw: cache},
+                # one row: contiguous KV, no mask (generate()'s kernel path); else the paged attention,
+                # its 4D mask passed through by transformers untouched
+                **({} if cache.contiguous else {"attention_mask": cache.valid, "paged_owner": cache.owner}),
             ).last_hidden_state
             logits = ex.lm_head(hidden[:, -1:, :])[:, 0].float()
         ex._sync()

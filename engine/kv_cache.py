@@ -1,23 +1,26 @@
-"""Preallocated slot KV cache for continuous batching.
+"""Paged KV cache for continuous batching: one preallocated pool of fixed-size blocks.
 
-transformers' ``DynamicCache`` grows with ``torch.cat`` at every step, copying the whole cache
-each time. Here every layer's keys and values live in two preallocated tensors shaped
-``[layers, rows, kv_heads, seq_capacity, head_dim]``. A running sequence owns one row; a decode
-step writes one token per row in place, at that row's own position, and attention reads a view
-``[:rows, :, :kv_len]`` (no copy). Rows are kept dense: when a sequence leaves, the last row is
-moved into its slot (one row copied, not the cache).
+Every layer's keys and values live in two tensors shaped
+``[layers, num_blocks, kv_heads, block_size, head_dim]``, allocated once per decode session
+(``torch.empty``: pages are only backed by memory once written, and blocks are handed out
+lowest first, so the resident part is the pool's used prefix). Sequences of any length share
+the pool through their block tables (``kv_blocks.BlockAllocator``), so KV memory is the tokens
+stored rounded up to a block per sequence, not a rectangle of rows x the longest sequence.
 
-Capacity grows only when a joining sequence needs more rows or more tokens than allocated (rows
-double up to the session's ``max_batch``; tokens grow to ``max(need, 1.5 x old)`` bounded by the
-model's context), so a copy of the whole cache happens a logarithmic number of times over a
-session, never per step. Memory is a rectangle: rows x the longest (prompt + max_tokens) among
-the running sequences, so short sequences next to a long one waste slots (reported as KV bytes
-per live token). ``shrink`` gives memory back when the batch drains (rows <= 1/4 of the capacity,
-or the longest need <= 1/2 of it), copying only the live part. ``capacity_bytes`` is what the
-admission check compares with the KV memory budget.
-
-``StepCache`` adapts one decode step to transformers' ``Cache`` interface: ``update`` scatters the
-new keys/values and returns the views, ``get_mask_sizes`` reports the key length.
+Life of a sequence's KV here: ``join`` takes blocks for its prompt (and reserves what
+``max_tokens`` may add) and copies the prompt KV into them; every decode step ``step_cache``
+gives each row one slot (a new block when it crosses a block boundary), the model writes
+the step's key/value there in place (``PagedStep.update``), and attention reads the used
+blocks ``[:high_water]`` as a view with, per block, its owning row and how many tokens it
+holds (``attention.paged_decode_attention``): no copy of the cache. A batch of one row is the
+exception: its blocks are gathered into one contiguous ``[1, kv_heads, tokens, head_dim]``
+tensor and attention takes transformers' own SDPA path, so a lone sequence's logits are
+bit-identical to ``generate()`` (the copy is one sequence's KV, small next to the step). ``leave`` gives the
+blocks back, zeroed; rows stay dense (the last row takes the leaving one's index, only its
+block owners are rewritten). Attention reads every used block whole and masks what is not
+valid, but a masked value still meets a zero weight (0 x NaN is NaN), so a block must never
+hold non-finite leftovers (a corrupted KV that left): blocks are zeroed when given back, and
+on first use (``torch.empty`` memory is arbitrary).
 """
 
 from __future__ import annotations
@@ -25,173 +28,169 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-SEQ_ALIGN = 64
+from phaseroute.engine.kv_blocks import BlockAllocator
+
+DEFAULT_BLOCK_SIZE = 16  # tokens per block (vLLM's default); waste <= block_size - 1 tokens per sequence
 
 
-class SlotKV:
-    """Dense rows of per-sequence KV, preallocated; one row per running sequence."""
+class PagedKV:
+    """The block pool's tensors, the rows in flight and their lengths; see the module docstring."""
 
     def __init__(
         self, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: str,
-        max_seq: int, max_rows: int, budget_bytes: int | None = None,
+        num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
     ) -> None:
         self.num_layers, self.kv_heads, self.head_dim = num_layers, kv_heads, head_dim
-        self.dtype, self.device = dtype, torch.device(device)
-        self.max_seq, self.max_rows, self.budget_bytes = max_seq, max_rows, budget_bytes
-        self.keys = torch.zeros((num_layers, 0, kv_heads, 0, head_dim), dtype=dtype, device=self.device)
-        self.values = torch.zeros_like(self.keys)
+        self.dtype, self.device, self.block_size = dtype, torch.device(device), block_size
+        self.blocks = BlockAllocator(num_blocks, block_size)
+        shape = (num_layers, num_blocks, kv_heads, block_size, head_dim)
+        self.keys = torch.empty(shape, dtype=dtype, device=self.device)
+        self.values = torch.empty(shape, dtype=dtype, device=self.device)
+        self.owner = torch.zeros(num_blocks, dtype=torch.long, device=self.device)  # row holding each block
+        self.fill = torch.zeros(num_blocks, dtype=torch.long, device=self.device)  # tokens stored in each block
+        self.clean_upto = 0  # blocks below were zeroed once (blocks are first taken lowest first)
+        self.row_ids: list[str] = []  # sequence id per row (row == index in the decode batch)
         self.lengths: list[int] = []  # tokens stored per row
-        self.needs: list[int] = []  # tokens each row may reach (prompt + max_tokens)
-        self.grow_count = self.shrink_count = 0
 
+    # ---- sizes --------------------------------------------------------------------
     @property
     def rows(self) -> int:
-        return len(self.lengths)
+        return len(self.row_ids)
 
-    @property
-    def row_capacity(self) -> int:
-        return self.keys.shape[1]
+    def block_bytes(self) -> int:
+        return self.num_layers * 2 * self.kv_heads * self.block_size * self.head_dim * self.keys.element_size()
 
-    @property
-    def seq_capacity(self) -> int:
-        return self.keys.shape[3]
+    def capacity_bytes(self) -> int:
+        """The whole pool."""
+        return self.blocks.num_blocks * self.block_bytes()
 
-    def bytes_per_token(self) -> int:
-        return self.num_layers * 2 * self.kv_heads * self.head_dim * self.keys.element_size()
+    def allocated_bytes(self) -> int:
+        """Blocks holding tokens now."""
+        return self.blocks.taken * self.block_bytes()
 
-    def capacity_bytes(self, rows: int | None = None, seq: int | None = None) -> int:
-        """Bytes held for ``rows`` x ``seq`` slots (default: the current allocation)."""
-        rows = self.row_capacity if rows is None else rows
-        seq = self.seq_capacity if seq is None else seq
-        return rows * seq * self.bytes_per_token()
+    def free_bytes(self) -> int:
+        """Blocks a new sequence can get (neither taken nor reserved by a running one)."""
+        return self.blocks.free_blocks * self.block_bytes()
 
-    def planned_capacity(self, extra_rows: int, seq_needed: int) -> tuple[int, int]:
-        """(rows, seq) the allocation would have after admitting ``extra_rows`` needing ``seq_needed``.
+    def live_tokens(self) -> int:
+        return sum(self.lengths)
 
-        Generous growth (rows x2, tokens x1.5) when it fits ``budget_bytes``, else the minimum.
-        """
-        rows = self.rows + extra_rows
-        generous = (self._grow_rows(rows), self._grow_seq(seq_needed))
-        if self.budget_bytes is None or self.capacity_bytes(*generous) <= self.budget_bytes:
-            return generous
-        return max(rows, self.row_capacity), max(self.seq_capacity, min(self.max_seq, _align(seq_needed)))
+    def can_join(self, total_tokens: int) -> bool:
+        return self.blocks.can_admit(total_tokens)
 
-    def _grow_rows(self, rows: int) -> int:
-        if rows <= self.row_capacity:
-            return self.row_capacity
-        return max(rows, min(self.max_rows, max(4, 2 * self.row_capacity)))
-
-    def _grow_seq(self, seq: int) -> int:
-        if seq <= self.seq_capacity:
-            return self.seq_capacity
-        return min(self.max_seq, max(_align(seq), _align(self.seq_capacity * 3 // 2)))
-
-    def reserve(self, rows: int, seq: int) -> None:
-        """Grow to at least ``rows`` x ``seq`` (one copy of the live part); no-op if it fits."""
-        if rows <= self.row_capacity and seq <= self.seq_capacity:
-            return
-        self._reallocate(max(rows, self.row_capacity), max(seq, self.seq_capacity))
-        self.grow_count += 1
-
-    def shrink(self) -> bool:
-        """Release memory the running rows cannot use any more; True if it reallocated."""
-        need = max(self.needs, default=0)
-        rows = self.row_capacity
-        if 4 * self.rows <= rows and rows > 4:
-            rows = max(4, 2 * self.rows) if self.rows else 0
-        seq = self.seq_capacity
-        if 2 * _align(need) <= seq:
-            seq = _align(need)
-        if (rows, seq) == (self.row_capacity, self.seq_capacity):
-            return False
-        self._reallocate(rows, seq)
-        self.shrink_count += 1
-        return True
-
-    def _reallocate(self, rows: int, seq: int) -> None:
-        shape = (self.num_layers, rows, self.kv_heads, seq, self.head_dim)
-        keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        values = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        n, s = self.rows, min(seq, self.seq_capacity)
-        if n:
-            keys[:, :n, :, :s].copy_(self.keys[:, :n, :, :s])
-            values[:, :n, :, :s].copy_(self.values[:, :n, :, :s])
-        self.keys, self.values = keys, values
-
-    def append(self, layer_keys: list[torch.Tensor], layer_values: list[torch.Tensor], length: int, seq_needed: int) -> int:
-        """Copy one sequence's prompt KV (per layer ``[kv_heads, length, head_dim]``) into a new row."""
+    # ---- join and leave -----------------------------------------------------------
+    def join(self, seq_id: str, layer_keys: list[torch.Tensor], layer_values: list[torch.Tensor], length: int, total_tokens: int) -> int:
+        """Copy one sequence's prompt KV (per layer ``[kv_heads, length, head_dim]``) into new blocks; its row."""
         if len(layer_keys) != self.num_layers or len(layer_values) != self.num_layers:
             raise ValueError(f"KV has {len(layer_keys)} layers, the model has {self.num_layers}")
-        self.reserve(*self.planned_capacity(1, seq_needed))
+        blocks = self.blocks.admit(seq_id, length, total_tokens)
+        self._first_use(max(blocks, default=-1))
         row = self.rows
-        for layer, (k, v) in enumerate(zip(layer_keys, layer_values)):
-            self.keys[layer, row, :, :length].copy_(k)
-            self.values[layer, row, :, :length].copy_(v)
+        index = torch.tensor(blocks, dtype=torch.long, device=self.device)
+        full, rest = divmod(length, self.block_size)
+        for layer in range(self.num_layers):
+            for pool, kv in ((self.keys, layer_keys[layer]), (self.values, layer_values[layer])):
+                if full:
+                    part = kv[:, : full * self.block_size].reshape(self.kv_heads, full, self.block_size, self.head_dim)
+                    pool[layer].index_copy_(0, index[:full], part.transpose(0, 1).to(self.device, self.dtype))
+                if rest:
+                    pool[layer, blocks[full], :, :rest].copy_(kv[:, full * self.block_size :])
+        self.owner[index] = row
+        self.fill[index] = self.block_size
+        if rest:
+            self.fill[blocks[full]] = rest
+        self.row_ids.append(seq_id)
         self.lengths.append(length)
-        self.needs.append(seq_needed)
         return row
 
-    def remove(self, row: int) -> int | None:
-        """Free ``row``; the last row moves into it. Returns the old index of the moved row."""
-        last = self.rows - 1
-        moved = None
+    def leave(self, row: int) -> int | None:
+        """Free ``row``'s blocks; the last row takes index ``row``. Returns the moved row's old index."""
+        freed = torch.tensor(self.blocks.release(self.row_ids[row]), dtype=torch.long, device=self.device)
+        self.owner[freed] = 0
+        self.fill[freed] = 0
+        self.keys.index_fill_(1, freed, 0.0)
+        self.values.index_fill_(1, freed, 0.0)
+        last, moved = self.rows - 1, None
         if row != last:
-            n = self.lengths[last]
-            self.keys[:, row, :, :n].copy_(self.keys[:, last, :, :n])
-            self.values[:, row, :, :n].copy_(self.values[:, last, :, :n])
-            self.lengths[row], self.needs[row] = n, self.needs[last]
+            moved_blocks = self.blocks.tables[self.row_ids[last]].blocks
+            self.owner[torch.tensor(moved_blocks, dtype=torch.long, device=self.device)] = row
+            self.row_ids[row], self.lengths[row] = self.row_ids[last], self.lengths[last]
             moved = last
+        self.row_ids.pop()
         self.lengths.pop()
-        self.needs.pop()
         return moved
 
-    def step_cache(self) -> StepCache:
-        """The Cache adapter for one decode step over every row (each writes at its length)."""
-        return StepCache(self)
+    # ---- one decode step ------------------------------------------------------------
+    def step_cache(self) -> PagedStep:
+        """Give every row the slot of its next token (a new block at a boundary); the step's Cache."""
+        bs, slots, last_blocks = self.block_size, [], []
+        for row, (seq_id, n) in enumerate(zip(self.row_ids, self.lengths)):
+            table = self.blocks.tables[seq_id].blocks
+            if n // bs == len(table):  # the row's blocks are full: take one from its reservation
+                block = self.blocks.grow(seq_id)
+                self._first_use(block)
+                self.owner[block] = row
+            block = table[n // bs]
+            last_blocks.append(block)
+            slots.append(block * bs + n % bs)
+        index = torch.tensor(last_blocks, dtype=torch.long, device=self.device)
+        self.fill.index_add_(0, index, torch.ones_like(index))
+        return PagedStep(self, torch.tensor(slots, dtype=torch.long, device=self.device))
 
     def advance(self) -> None:
         self.lengths = [n + 1 for n in self.lengths]
 
+    def _first_use(self, block: int) -> None:
+        """Zero the blocks up to ``block`` that were never used (the ever-used blocks are a prefix)."""
+        if block >= self.clean_upto:
+            self.keys[:, self.clean_upto : block + 1].zero_()
+            self.values[:, self.clean_upto : block + 1].zero_()
+            self.clean_upto = block + 1
 
-class StepCache(Cache):
-    """One decode step's view of a ``SlotKV`` as a transformers ``Cache`` (query length 1)."""
 
-    def __init__(self, slots: SlotKV) -> None:
+class PagedStep(Cache):
+    """One decode step's view of a ``PagedKV`` as a transformers ``Cache`` (query length 1).
+
+    ``update`` writes the step's keys/values into each row's slot and returns the pool's used
+    blocks; ``valid`` (4D, so transformers passes it through untouched as the attention mask)
+    says which token of each used block is valid, ``owner`` which row each used block belongs
+    to. With one row (``contiguous``) ``update`` returns that row's KV gathered in token order.
+    """
+
+    def __init__(self, kv: PagedKV, slots: torch.Tensor) -> None:
         super().__init__(layers=[])
-        self.slots = slots
-        n = slots.rows
-        self.positions = torch.tensor(slots.lengths, dtype=torch.long, device=slots.device)
-        heads = torch.arange(slots.kv_heads, device=slots.device)
-        rows = torch.arange(n, device=slots.device)
-        # position of (row, head, token) in the layer buffer viewed as [rows * heads * seq, head_dim]
-        self.flat_index = ((rows[:, None] * slots.kv_heads + heads[None, :]) * slots.seq_capacity + self.positions[:, None]).reshape(-1)
-        self.kv_len = max(slots.lengths) + 1
-        self.uniform = min(slots.lengths) == max(slots.lengths)
+        self.kv = kv
+        self.positions = torch.tensor(kv.lengths, dtype=torch.long, device=kv.device)
+        heads = torch.arange(kv.kv_heads, device=kv.device)
+        block, offset = slots // kv.block_size, slots % kv.block_size
+        # flat index of (block, head, offset) in a layer's pool viewed as [blocks * heads * block_size, head_dim]
+        self.flat_index = ((block[:, None] * kv.kv_heads + heads[None, :]) * kv.block_size + offset[:, None]).reshape(-1)
+        self.high_water = kv.blocks.high_water
+        self.owner = kv.owner[: self.high_water]
+        cols = torch.arange(kv.block_size, device=kv.device)
+        self.valid = (cols[None, :] < kv.fill[: self.high_water, None])[:, None, None, :]
+        self.contiguous = kv.rows == 1
+        if self.contiguous:
+            self.table = torch.tensor(kv.blocks.tables[kv.row_ids[0]].blocks, dtype=torch.long, device=kv.device)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
-        s, n, dim = self.slots, self.slots.rows, self.slots.head_dim
-        # index_copy_ along a flat (row, head, position) axis: ~10 us; advanced-index assignment
-        # (keys[rows, :, positions] = ...) takes milliseconds on CPU
-        s.keys[layer_idx].view(-1, dim).index_copy_(0, self.flat_index, key_states.reshape(-1, dim))
-        s.values[layer_idx].view(-1, dim).index_copy_(0, self.flat_index, value_states.reshape(-1, dim))
-        return s.keys[layer_idx, :n, :, : self.kv_len], s.values[layer_idx, :n, :, : self.kv_len]
+        kv, dim, hw = self.kv, self.kv.head_dim, self.high_water
+        # index_copy_ along a flat (block, head, offset) axis: ~10 us; advanced-index assignment takes ms on CPU
+        kv.keys[layer_idx].view(-1, dim).index_copy_(0, self.flat_index, key_states.reshape(-1, dim))
+        kv.values[layer_idx].view(-1, dim).index_copy_(0, self.flat_index, value_states.reshape(-1, dim))
+        if self.contiguous:
+            n = kv.lengths[0] + 1
+            return tuple(  # type: ignore[return-value]
+                pool[layer_idx].index_select(0, self.table).transpose(0, 1).reshape(kv.kv_heads, -1, dim)[None, :, :n]
+                for pool in (kv.keys, kv.values)
+            )
+        return kv.keys[layer_idx, :hw], kv.values[layer_idx, :hw]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.kv_len - 1
+        return int(max(self.kv.lengths))
 
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        return self.kv_len, 0
+        return int(max(self.kv.lengths)) + 1, 0
 
     def get_query_offset(self, layer_idx: int = 0) -> int:
-        return self.kv_len - 1
-
-    def attention_mask(self) -> torch.Tensor | None:
-        """None when every row has the same length (the kernel generate() uses), else a 4D bool mask."""
-        if self.uniform:
-            return None
-        cols = torch.arange(self.kv_len, device=self.slots.device)
-        return (cols[None, :] <= self.positions[:, None])[:, None, None, :]
-
-
-def _align(n: int) -> int:
-    return -(-n // SEQ_ALIGN) * SEQ_ALIGN
+        return int(max(self.kv.lengths))

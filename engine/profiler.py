@@ -98,7 +98,7 @@ def _decode_cell(ex: Any, prompt: PrefillResult, batch: int, steps: int) -> dict
         t0 = time.perf_counter()
         session.step()
         latencies.append(time.perf_counter() - t0)
-    live = sum(session.slots.lengths)
+    live = session.kv.live_tokens()
     per_token = session.kv_bytes_allocated() / max(1, live)
     return _cell(Phase.DECODE.value, batch, prompt.prompt_len, latencies, batch / statistics.mean(latencies), per_token)
 

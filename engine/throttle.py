@@ -2,7 +2,7 @@
 degraded accelerator, which this machine does not have).
 
 The factor is read from a file (re-read at most once a second), so a test or an operator can
-slow a live worker without telling anyone else: ``echo 4 > FILE``. Each prefill batch and each
+slow a live worker without telling anyone else: ``echo 4 > FILE``. Each prefill batch (or chunk) and each
 decode step sleeps ``(factor - 1) x`` its own duration, inside the time the worker measures, so
 telemetry sees the slowdown exactly as it would see slower hardware.
 """
@@ -50,6 +50,20 @@ class ThrottledSession:
         return getattr(self._inner, name)
 
 
+class ThrottledPrefillJob:
+    def __init__(self, inner: Any, slowdown: SlowdownFile) -> None:
+        self._inner, self._slowdown = inner, slowdown
+
+    def advance(self, max_tokens: int | None = None) -> Any:
+        started = time.perf_counter()
+        results = self._inner.advance(max_tokens)
+        self._slowdown.stretch(started)
+        return results
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 class ThrottledExecutor:
     """Proxies an executor; prefill and decode steps are stretched by the file's factor."""
 
@@ -62,6 +76,9 @@ class ThrottledExecutor:
         results = self._inner.prefill(items)
         self._slowdown.stretch(started)
         return results
+
+    def start_prefill(self, items: list[Any]) -> ThrottledPrefillJob:
+        return ThrottledPrefillJob(self._inner.start_prefill(items), self._slowdown)
 
     def decode_session(self, *args: Any, **kwargs: Any) -> ThrottledSession:
         return ThrottledSession(self._inner.decode_session(*args, **kwargs), self._slowdown)

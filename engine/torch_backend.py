@@ -5,6 +5,8 @@ prompt has the same length, which is exactly the kernel path ``generate()`` take
 last real position of each row through the LM head, and returns per request the prompt KV
 (views of the batch cache, ``[kv_heads, tokens, head_dim]`` per layer), the greedy first token
 and timings. Every item is admitted (context and KV budget) before any compute starts.
+``start_prefill`` returns the same work as a ``prefill_job.PrefillJob`` that runs in chunks of
+positions (colocated workers interleave decode steps between the chunks).
 
 Decode lives in ``decode_session.TorchDecodeSession``; this class only creates it.
 """
@@ -20,10 +22,8 @@ import torch
 from phaseroute.engine import attention
 from phaseroute.engine.errors import AdmissionError, BackendUnavailableError, KVBudgetError, PromptTooLongError
 from phaseroute.engine.models import load_model
+from phaseroute.engine.prefill_job import PrefillJob
 from phaseroute.engine.protocol import (
-    KVCache,
-    KVMeta,
-    PhaseTimings,
     PositionTrace,
     PrefillItem,
     PrefillResult,
@@ -112,6 +112,14 @@ class TorchExecutor:
     def prefill(self, items: list[PrefillItem]) -> list[PrefillResult]:
         if not items:
             return []
+        results = self.start_prefill(items).advance(None)
+        assert results is not None  # advance(None) runs the last chunk
+        return results
+
+    def start_prefill(self, items: list[PrefillItem]) -> PrefillJob:
+        """Tokenize and admit ``items`` (before any compute); a job that runs them in chunks."""
+        if not items:
+            raise ValueError("a prefill job needs at least one item")
         started = time.perf_counter()
         encoded = [self.encode_item(item) for item in items]
         for item, ids in zip(items, encoded):
@@ -122,57 +130,17 @@ class TorchExecutor:
                 f"prefill batch of {len(items)} x {padded // len(items)} padded tokens needs "
                 f"{padded * self.kv_bytes_per_token()} KV bytes > budget {self.kv_budget_bytes}; split the batch"
             )
-        tokenized = time.perf_counter()
-        layers, logits = self._forward_prompts(encoded)
-        first = logits.argmax(dim=-1).tolist()
-        self._sync()
-        compute_s = time.perf_counter() - tokenized
-        timings = PhaseTimings(tokenized - started, compute_s, len(items), sum(map(len, encoded)), padded)
-        results = []
-        for row, (item, ids) in enumerate(zip(items, encoded)):
-            n = len(ids)
-            token = item.probe.forced(0, first[row]) if item.probe else first[row]
-            meta = KVMeta(self.model_name, self.config.dtype, n, token, self.num_layers, self.kv_heads, self.head_dim, request_id=item.request_id, variant=self.variant)
-            kv = KVCache([k[row, :, :n] for k, _ in layers], [v[row, :, :n] for _, v in layers], meta)
-            lp = _top_logprobs(logits[row], token, item.return_logprobs) if item.return_logprobs else None
-            trace = position_trace(logits[row], item.probe.ids_at(0)) if item.probe else None
-            results.append(PrefillResult(item.request_id, kv, token, n, timings, lp, trace))
-        return results
-
-    def _forward_prompts(self, encoded: list[list[int]]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
-        from transformers import DynamicCache
-
-        lengths = [len(ids) for ids in encoded]
-        longest = max(lengths)
-        input_ids = torch.full((len(encoded), longest), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(encoded), longest), dtype=torch.long)
-        for row, ids in enumerate(encoded):
-            input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            mask[row, : len(ids)] = 1
-        uniform = min(lengths) == longest
-        cache = DynamicCache(config=self.model.config)
-        with torch.inference_mode():
-            out = self.decoder(
-                input_ids=input_ids.to(self.device),
-                attention_mask=None if uniform else mask.to(self.device),
-                use_cache=True,
-                **{self.cache_kw: cache},
-            )
-            hidden = out.last_hidden_state
-            if uniform:
-                last = hidden[:, -1:, :]
-            else:
-                last = hidden[torch.arange(len(encoded)), torch.tensor(lengths) - 1][:, None, :]
-            logits = self.lm_head(last)[:, 0].float()
-        layers = [(layer.keys, layer.values) for layer in cache.layers]
-        return layers, logits
+        return PrefillJob(self, items, encoded, time.perf_counter() - started)
 
     # ---- decode and scoring ---------------------------------------------------------
-    def decode_session(self, max_batch: int = 64, return_logprobs: int = 0, ignore_eos: bool = False) -> Any:
-        """A continuous-batching session; ``return_logprobs=k`` records top-k log-probs per token."""
+    def decode_session(self, max_batch: int = 64, return_logprobs: int = 0, ignore_eos: bool = False, block_size: int | None = None) -> Any:
+        """A continuous-batching session; ``return_logprobs=k`` records top-k log-probs per token;
+        ``block_size``: tokens per KV block (default ``kv_cache.DEFAULT_BLOCK_SIZE``)."""
         from phaseroute.engine.decode_session import TorchDecodeSession
+        from phaseroute.engine.kv_cache import DEFAULT_BLOCK_SIZE
 
-        return TorchDecodeSession(self, max_batch=max_batch, return_logprobs=return_logprobs, ignore_eos=ignore_eos)
+        return TorchDecodeSession(self, max_batch=max_batch, return_logprobs=return_logprobs, ignore_eos=ignore_eos,
+                                  block_size=block_size or DEFAULT_BLOCK_SIZE)
 
     def score(self, prompt_ids: list[int], continuation_ids: list[int], top_k: int = 0) -> list[TokenLogprobs]:
         """Teacher-forced log-probs of ``continuation_ids`` after ``prompt_ids`` (quality drift checks)."""

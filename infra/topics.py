@@ -22,6 +22,20 @@ CONTROL_PARTITIONS = 4
 POOL_PARTITIONS = 6  # up to 6 workers of one phase can share a pool's work
 POOL_NAME = re.compile(r"^[a-z][a-z0-9-]{0,47}$")
 
+# The names code produces to and consumes from; each is declared in STATIC_TOPICS below
+# (tests/infra/test_topics.py checks it), and per-pool names come from prefill_topic/decode_topic.
+JOBS_SUBMITTED_TOPIC = "jobs.submitted"
+KV_READY_TOPIC = "kv.ready"
+RESULTS_TOPIC = "results"
+ATTEMPTS_FAILED_TOPIC = "attempts.failed"
+TELEMETRY_PHASE_TOPIC = "telemetry.phase"
+HEARTBEAT_TOPIC = "pools.heartbeat"
+PROFILES_TOPIC = "profiles"
+CANARY_RESULTS_TOPIC = "canary.results"
+TELEMETRY_DRIFT_TOPIC = "telemetry.drift"
+QUALITY_ALERTS_TOPIC = "quality.alerts"
+DEADLETTER_TOPIC = "deadletter"
+
 
 class UnknownTopicError(KeyError):
     """A topic name that the spec does not declare."""
@@ -119,6 +133,23 @@ STATIC_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(DEADLETTER, 1, "dead_letter", "source topic", "Undecodable or invalid messages, each with its reason.", retention_ms=30 * DAY_MS),
 )
 
+# The control plane's Faust tables, changelog-backed. Provisioned with the rest (compacted, as many
+# partitions as the streams that feed them): on a fresh broker, a changelog Faust creates itself
+# may not exist yet when the first table write asks for its partitions.
+CONTROL_APP_ID = "phaseroute-control"
+CONTROL_TABLES = ("jobs", "requests", "tenants", "prompts")
+
+
+def changelog_topic(table: str) -> str:
+    return f"{CONTROL_APP_ID}-{table}-changelog"
+
+
+CHANGELOG_TOPICS: tuple[TopicSpec, ...] = tuple(
+    _control(changelog_topic(t), "faust-json", "table key", f"Changelog of the control plane's {t!r} table (Faust).",
+             compacted=True, retention_ms=-1)
+    for t in CONTROL_TABLES
+)
+
 POOL_TOPIC_TEMPLATES: dict[str, tuple[str, str]] = {
     "prefill": ("prefill_work", "Prefill (or colocated) work for the pool's workers."),
     "decode": ("decode_work", "Decode work (KV already prefilled elsewhere) for the pool's workers."),
@@ -129,6 +160,16 @@ def check_pool_name(pool: str) -> str:
     if not POOL_NAME.match(pool):
         raise ValueError(f"pool name {pool!r} must match {POOL_NAME.pattern} (lower case, digits, '-')")
     return pool
+
+
+def prefill_topic(pool: str) -> str:
+    """The topic of ``pool``'s prefill (and colocated) work."""
+    return f"prefill.{check_pool_name(pool)}"
+
+
+def decode_topic(pool: str) -> str:
+    """The topic of ``pool``'s decode work."""
+    return f"decode.{check_pool_name(pool)}"
 
 
 def pool_topics(pool: str, partitions: int = POOL_PARTITIONS) -> tuple[TopicSpec, ...]:
@@ -162,7 +203,7 @@ def spec_for(name: str, pools: Sequence[str] = ()) -> TopicSpec:
 
 
 def all_topics(pools: Sequence[str] = ()) -> list[TopicSpec]:
-    specs = list(STATIC_TOPICS)
+    specs = list(STATIC_TOPICS) + list(CHANGELOG_TOPICS)
     for pool in pools:
         specs.extend(pool_topics(pool))
     check_copartitioning(specs)

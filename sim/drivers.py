@@ -1,10 +1,13 @@
 """Drivers: the decisions a simulated run delegates (admission, release order, routing, retries).
 
 ``PhaserouteDriver`` (policy_bridge.py) calls ``phaseroute.streams.policy``; the baselines here
-are what phaseroute is compared against. Baselines admit every job, release requests FIFO
-in job-submission order under the same backpressure, retry a lost request at once on another
-pool (up to ``MAX_ATTEMPTS``), and never send a request to a pool that is dead, lacks its
-model, or cannot hold its KV (a sensible system would not either):
+are what phaseroute is compared against. Baselines admit every job some alive pool can
+physically serve (``limits``: context length, KV of one instance, model placement; a job
+with a request none can serve is rejected at submission, as any engine's request validation
+would, so it is a miss for every policy alike), release requests FIFO in job-submission
+order under the same backpressure, retry a lost request at once on another pool (up to
+``MAX_ATTEMPTS``), and never send a request to a pool that is dead, lacks its model, or
+cannot run it within those limits (a sensible system would not either):
 
 - ``rr``: colocated round-robin over instances (smooth weighted round-robin across pools,
   weights = instance counts).
@@ -17,6 +20,10 @@ model, or cannot hold its KV (a sensible system would not either):
 from __future__ import annotations
 
 from collections import deque
+
+import numpy as np
+
+from phaseroute.sim.limits import PoolLimits, feasible_requests, why_infeasible
 
 MAX_ATTEMPTS = 5
 
@@ -33,15 +40,33 @@ class Driver:
         w = sim.w
         self.models = [w.tenants[t].model for t in range(len(w.tenants))]
         self.pool_models = [p.spec.model for p in sim.pools]
+        self.limits = [PoolLimits.of(p.spec) for p in sim.pools]
         self.avoid: dict[int, set[int]] = {}
 
     # admission
     def submit(self, job: int, now: float) -> str | None:
         w = self.sim.w
         first, count = int(w.job_first[job]), int(w.job_count[job])
+        reason = self.infeasible(job)
+        if reason is not None:
+            return reason
         self.queue.append([first, first + count])
         self.n_backlog += count
         return None
+
+    def infeasible(self, job: int) -> str | None:
+        """Why no alive pool can serve some request of ``job`` (None: every request can run)."""
+        w, sim = self.sim.w, self.sim
+        first, count = int(w.job_first[job]), int(w.job_count[job])
+        alive = [lim for p, lim in zip(sim.pools, self.limits, strict=True) if p.alive]
+        model = self.models[int(w.job_tenant[job])]
+        prompt, output = w.req_prompt[first:first + count], w.req_output[first:first + count]
+        ok = feasible_requests(alive, prompt, output, [model] * count)
+        if ok.all():
+            return None
+        k = int(np.flatnonzero(~ok)[0])
+        why = why_infeasible(alive, int(prompt[k]), int(output[k]), model)
+        return f"infeasible: request {first + k} of job {job}: {why}"
 
     def backlog(self) -> int:
         return self.n_backlog
@@ -85,13 +110,15 @@ class Driver:
         sim = self.sim
         model = self.models[int(sim.w.job_tenant[sim.job[rid]])]
         avoid = self.avoid.get(rid, ())
-        tokens = sim.prompt[rid] + sim.output[rid]
+        prompt, output = sim.prompt[rid], sim.output[rid]
+        # colocated: one instance prefills and then decodes, so it must hold the decode phase's KV
+        need = "decode" if colocated or phase == "decode" else "prefill"
         out = []
         for i, p in enumerate(sim.pools):
             spec = p.spec
             if (p.alive and spec.model == model and i not in avoid and phase in spec.phases
                     and (not colocated or len(spec.phases) == 2)
-                    and p.kvpt * tokens <= spec.perf.kv_capacity):
+                    and self.limits[i].holds(prompt, output, need)):
                 out.append(i)
         if not out and avoid:       # every other pool is gone: try the avoided ones again
             self.avoid[rid] = set()

@@ -6,6 +6,8 @@ A fleet spec (YAML or JSON)::
     efficiency: {compute: 0.55, memory: 0.75, step_overhead_ms: 3}   # defaults for every pool
     engine: {max_batch: 256, prefill_chunk: 8192, mixed_chunk: 2048}
     failures: true             # random accelerator failures drawn from each pool's MTBF
+    transfer_usd_per_gb: 0.02  # optional: price of KV moved between two pools (default 0: one site, no
+                               # egress charge); charged per GB moved, seen by the phaseroute router
     pools:
       - name: h100
         accelerator: H100-SXM-80GB     # a catalogue name
@@ -64,6 +66,7 @@ class SimPool:
     mtbf_hours: float
     repair_s: float
     variant: str
+    context_tokens: int = 131072   # the model's context length (prompt + output)
 
     @property
     def cost_per_hour(self) -> float:
@@ -96,6 +99,10 @@ class Fleet:
     limits: EngineLimits
     source: str = "<inline>"
     parents: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    transfer_usd_per_gb: float = 0.0   # dollars per GB of KV moved between two pools
+
+    def transfer_cost_usd(self, kv_bytes: float) -> float:
+        return kv_bytes / 1e9 * self.transfer_usd_per_gb
 
     @property
     def cost_per_hour(self) -> float:
@@ -120,9 +127,11 @@ class Fleet:
     def describe(self) -> dict:
         return {
             "name": self.name, "accelerators": self.accelerators, "cost_per_hour": round(self.cost_per_hour, 2),
+            "transfer_usd_per_gb": self.transfer_usd_per_gb,
             "pools": [{"name": p.name, "accelerator": p.accelerator.name, "accelerators": p.accelerators,
                        "model": p.model, "tp": p.perf.tp, "instances": p.instances, "phases": list(p.phases),
-                       "kv_capacity_tokens": int(p.perf.max_tokens_in_kv())} for p in self.pools],
+                       "kv_capacity_tokens": int(p.perf.max_tokens_in_kv()), "context_tokens": p.context_tokens}
+                      for p in self.pools],
             "events": [e.__dict__ for e in self.events],
         }
 
@@ -188,6 +197,7 @@ def _pools(f: Fields, cat: Catalogue, eff: Efficiency, limits: EngineLimits, var
             datasheet=datasheet_perf(acc, arch, tp, limits.max_batch), phases=phases, price_per_hour=price,
             mtbf_hours=f.num("mtbf_hours", acc.mtbf_hours, lo=0, strict_lo=True),
             repair_s=f.num("repair_minutes", 30, lo=0) * 60, variant=f.str("variant", variant_default),
+            context_tokens=arch.context_tokens,
         ))
     return out
 
@@ -228,7 +238,8 @@ def _events(top: Fields, parents: set[str]) -> tuple[FleetEvent, ...]:
 def parse_fleet(data: dict, where: str = "<fleet>", catalogue: Catalogue | None = None) -> Fleet:
     cat = catalogue or load_catalogue()
     top = Fields(data, where)
-    top.unknown({"name", "efficiency", "engine", "failures", "pools", "links", "events", "variant", "description"})
+    top.unknown({"name", "efficiency", "engine", "failures", "pools", "links", "events", "variant", "description",
+                 "transfer_usd_per_gb"})
     eff = _efficiency(top.sub("efficiency", {}), Efficiency())
     eng = top.sub("engine", {})
     eng.unknown({"max_batch", "prefill_chunk", "mixed_chunk"})
@@ -248,7 +259,7 @@ def parse_fleet(data: dict, where: str = "<fleet>", catalogue: Catalogue | None 
     return Fleet(
         name=top.str("name", Path(where).stem), pools=tuple(pools), links=_links(top, pools),
         events=_events(top, set(parents)), failures=bool(top.raw("failures", True)), limits=limits,
-        source=where, parents=parents,
+        source=where, parents=parents, transfer_usd_per_gb=top.num("transfer_usd_per_gb", 0.0, lo=0),
     )
 
 
@@ -259,3 +270,10 @@ def load_fleet(ref: str | Path | dict, catalogue: Catalogue | None = None) -> Fl
 
 def with_events(fleet: Fleet, events: list[FleetEvent]) -> Fleet:
     return replace(fleet, events=tuple(sorted(list(fleet.events) + events, key=lambda e: e.at_s)))
+
+
+def with_transfer_price(fleet: Fleet, usd_per_gb: float) -> Fleet:
+    """The same fleet with KV moved between pools charged ``usd_per_gb``."""
+    if not (usd_per_gb >= 0.0 and usd_per_gb != float("inf")):
+        raise ValueError(f"transfer price must be a finite number of dollars per GB >= 0, got {usd_per_gb!r}")
+    return replace(fleet, transfer_usd_per_gb=float(usd_per_gb))

@@ -4,9 +4,14 @@ Definitions (the same for every policy and for the bound):
 - deadline-met goodput: prompt + output tokens of the requests of jobs that finished by their
   deadline, divided by the workload's offered window (first to last job submission). A job
   rejected at admission, failed, or late counts as a miss (all of its tokens are lost).
+- infeasible jobs: jobs with a request no pool of the fleet can serve (``limits``: context
+  length, KV of one instance, model placement); misses for every policy alike.
 - cost: the fleet is rented from t = 0 until the policy's last completion (a pool lost
-  mid-run stops billing when lost); cost per million tokens divides by ALL completed tokens,
-  goodput per dollar divides deadline-met tokens by the same cost.
+  mid-run stops billing when lost), plus the KV moved between pools at the fleet's
+  ``transfer_usd_per_gb``; cost per million tokens divides by ALL completed tokens,
+  goodput per dollar divides deadline-met tokens by the same cost. KV bytes moved per
+  delivered token: bytes of every finished transfer / prompt + output tokens of the
+  completed requests.
 - utilization: busy engine time / (instances x billed time) per pool.
 - tenant share under contention: share of released tokens over the samples in which at
   least two tenants stayed backlogged, next to the weight share over the same samples.
@@ -19,6 +24,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from phaseroute.sim.limits import infeasible_jobs
 
 
 def _r(x: float, nd: int = 4) -> float:
@@ -53,6 +60,11 @@ def compute_metrics(sim) -> dict:
     met_tokens = float(tokens[met].sum())
     n_jobs = max(w.n_jobs, 1)
     late = (states == "done") & ~met
+    kv_bytes = float(sim.counters["kv_bytes"])
+    transfer_cost = sim.fleet.transfer_cost_usd(kv_bytes)
+    rental_cost = cost
+    cost += transfer_cost
+    busy_cost += transfer_cost
     return {
         "policy": sim.driver.name,
         "goodput_tok_s": _r(met_tokens / w.span_s, 2),
@@ -62,14 +74,19 @@ def compute_metrics(sim) -> dict:
         "token_miss_rate": _r(1.0 - met_tokens / max(float(tokens.sum()), 1.0)),
         "jobs_late": int(late.sum()), "jobs_rejected": int((states == "rejected").sum()),
         "jobs_failed": int((states == "failed").sum()), "jobs_unfinished": int((states == "admitted").sum()),
+        "jobs_infeasible": int(infeasible_jobs(sim.fleet, w).sum()),
         "completed_tokens": completed_tokens, "makespan_s": _r(makespan, 1),
-        "cost_usd": _r(cost, 2),
+        "cost_usd": _r(cost, 2), "rental_cost_usd": _r(rental_cost, 2), "transfer_cost_usd": _r(transfer_cost, 2),
         "cost_per_million_tokens": _r(cost / (completed_tokens / 1e6), 4) if completed_tokens else None,
         "goodput_tokens_per_dollar": _r(met_tokens / cost, 1) if cost > 0 else None,
         "busy_cost_usd": _r(busy_cost, 2),
         "goodput_tokens_per_busy_dollar": _r(met_tokens / busy_cost, 1) if busy_cost > 0 else None,
         "pools": pools,
-        "kv_bytes_moved": sim.counters["kv_bytes"], "kv_transfers": sim.counters["transfers"],
+        "kv_bytes_moved": kv_bytes, "kv_transfers": sim.counters["transfers"],
+        "kv_bytes_per_delivered_token": _r(kv_bytes / completed_tokens, 1) if completed_tokens else None,
+        "transfer_usd_per_million_tokens": (_r(transfer_cost / (completed_tokens / 1e6), 4) if completed_tokens
+                                            else None),
+        "colocated_share": _colocated_share(sim),
         "requests_lost": sim.counters["requests_lost"], "requests_retried": sim.counters["retries"],
         "requests_gave_up": sim.counters["gave_up"], "requests_speculated": sim.counters["speculated"],
         "speculation_wins": sim.counters["speculation_wins"],
@@ -77,6 +94,13 @@ def compute_metrics(sim) -> dict:
         "tenants": tenant_shares(sim, met),
         "lateness_p90_s": _lateness(done_t, w.job_deadline, met, states),
     }
+
+
+def _colocated_share(sim) -> float | None:
+    """Share of the completed requests whose last attempt ran both phases on one pool."""
+    done = [c for c, t in zip(sim.colo[: sim.w.n_requests], sim.t_done[: sim.w.n_requests], strict=True)
+            if not math.isnan(t)]
+    return _r(sum(done) / len(done)) if done else None
 
 
 def _lateness(done_t, deadline, met, states) -> float | None:

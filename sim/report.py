@@ -1,6 +1,9 @@
-"""``phaseroute sim report``: a load sweep, the two scenarios, plots and a Markdown summary.
+"""``phaseroute sim report``: capacity at SLO (the headline), a load sweep, the scenarios, plots, Markdown.
 
-Writes into ``out_dir``: results.json (every document), goodput_vs_load.png,
+The headline is each policy's capacity at SLO (``capacity``: the highest offered load whose
+job deadline-miss rate stays within the SLO, mean and range over the seeds) and its ratios
+to the best baseline and to the bound; a single run at one load does not separate policies.
+Writes into ``out_dir``: results.json (every document), capacity.png, goodput_vs_load.png,
 miss_rate_vs_load.png, pool_utilization.png (each policy's pools over time at the reference
 load), tenant_share.png (share under contention vs weight), stale_profile.png (share of the
 slowed pool over time) and report.md.
@@ -16,12 +19,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from phaseroute.sim.capacity import CapacityOptions, capacity_study  # noqa: E402
+from phaseroute.sim.capacity_plot import plot_capacity  # noqa: E402
 from phaseroute.sim.engine import SimConfig  # noqa: E402
-from phaseroute.sim.runner import prepare, run_all  # noqa: E402
+from phaseroute.sim.runner import POLICIES, prepare, run_all  # noqa: E402
 from phaseroute.sim.scenarios import pool_loss, stale_profile  # noqa: E402
 
 
 def _plot_sweep(sweep: list[dict], key: str, ylabel: str, path: Path, with_bound: bool) -> None:
+    with_bound = with_bound and all("bound" in d for d in sweep)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     loads = [d["offered_load"] for d in sweep]
     for name in sweep[0]["policies"]:
@@ -92,22 +98,29 @@ def _plot_stale(doc: dict, path: Path) -> None:
 
 def build_report(workload, fleet, out_dir: str | Path, loads=(0.3, 0.5, 0.7, 0.9, 1.1), policies=None,
                  seed: int | None = None, max_requests: int | None = None, reference_load: float = 0.7,
-                 scenarios: bool = True, log=print) -> dict:
+                 scenarios: bool = True, log=print, capacity: CapacityOptions | None = None,
+                 bound: bool = True) -> dict:
+    """``capacity``: the options of the headline capacity search (None skips it)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = SimConfig(seed=seed or 0)
+    results: dict = {}
+    if capacity is not None:
+        log("capacity at SLO")
+        results["capacity"] = capacity_study(workload, fleet, policies or list(POLICIES), capacity, log)
+        plot_capacity(results["capacity"], out / "capacity.png")
     sweep = []
     for load in loads:
         w, f, info = prepare(workload, fleet, load, seed, max_requests)
         log(f"load {load}: {w.n_requests} requests, {w.n_jobs} jobs")
-        sweep.append(run_all(w, f, policies, cfg, series=abs(load - reference_load) < 1e-9, info=info))
-    results = {"sweep": sweep}
+        sweep.append(run_all(w, f, policies, cfg, bound=bound, series=abs(load - reference_load) < 1e-9, info=info))
+    results["sweep"] = sweep
     ref = next((d for d in sweep if abs(d.get("target_load", -1) - reference_load) < 1e-9), None)
     _plot_sweep(sweep, "goodput_tok_s", "deadline-met goodput (tokens/s)", out / "goodput_vs_load.png", True)
     _plot_sweep(sweep, "miss_rate", "job deadline-miss rate", out / "miss_rate_vs_load.png", False)
     if ref is None:
         w, f, info = prepare(workload, fleet, reference_load, seed, max_requests)
-        ref = run_all(w, f, policies, cfg, series=True, info=info)
+        ref = run_all(w, f, policies, cfg, bound=bound, series=True, info=info)
         results["reference"] = ref
     _plot_util(ref, out / "pool_utilization.png")
     _plot_tenants(ref, out / "tenant_share.png")
@@ -115,10 +128,11 @@ def build_report(workload, fleet, out_dir: str | Path, loads=(0.3, 0.5, 0.7, 0.9
         w, f, _ = prepare(workload, fleet, reference_load, seed, max_requests)
         names = policies or ["phaseroute", "static-spec", "jsq"]
         log("stale-profile scenario")
-        results["stale_profile"] = stale_profile(w, f, names, config=SimConfig(seed=seed or 0, sample_s=10.0))
+        results["stale_profile"] = stale_profile(w, f, names, config=SimConfig(seed=seed or 0, sample_s=10.0),
+                                                 bound=bound)
         _plot_stale(results["stale_profile"], out / "stale_profile.png")
         log("pool-loss scenario")
-        results["pool_loss"] = pool_loss(w, f, names, config=SimConfig(seed=seed or 0, sample_s=10.0))
+        results["pool_loss"] = pool_loss(w, f, names, config=SimConfig(seed=seed or 0, sample_s=10.0), bound=bound)
     for d in sweep:
         for m in d["policies"].values():
             m.pop("series", None)
@@ -134,17 +148,42 @@ def _table(rows: list[dict], cols: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _capacity_section(cap: dict) -> list[str]:
+    rows = []
+    for name, p in cap["policies"].items():
+        c, money = p["capacity"], p.get("goodput_tokens_per_dollar_at_capacity")
+        rows.append({"policy": name, "capacity_mean": c["mean"], "range": f"{c['min']}-{c['max']}",
+                     "per_seed": c["per_seed"], "goodput_per_dollar_at_capacity": money and money["mean"],
+                     "goodput_per_dollar_range": money and f"{money['min']:.0f}-{money['max']:.0f}"})
+    if "bound" in cap:
+        c = cap["bound"]["capacity"]
+        rows.append({"policy": "bound", "capacity_mean": c["mean"], "range": f"{c['min']}-{c['max']}",
+                     "per_seed": c["per_seed"]})
+    parts = [f"## Capacity at SLO (job deadline-miss rate <= {cap['slo']}; seeds {cap['options']['seeds']})", "",
+             _table(rows, ["policy", "capacity_mean", "range", "per_seed", "goodput_per_dollar_at_capacity",
+                           "goodput_per_dollar_range"]), ""]
+    for key, r in cap.get("ratios", {}).items():
+        if r:
+            parts.append(f"- {key.replace('_', ' ')}: {r.get('of_means')} (per seed {r.get('per_seed')}"
+                         + (f", best baseline {r['best_baseline']}" if "best_baseline" in r else "") + ")")
+    drivers = ", ".join(f"{n}: {m}" for n, m in cap.get("drivers", {}).items())
+    return [*parts, "", f"Drivers: {drivers}.", "", "![capacity](capacity.png)", ""]
+
+
 def markdown(results: dict, ref: dict) -> str:
     parts = [f"# Fleet simulation: {ref['workload']['name']} on {ref['fleet']['name']}", ""]
+    if "capacity" in results:
+        parts += _capacity_section(results["capacity"])
     parts.append(f"{ref['workload']['requests']} requests in {ref['workload']['jobs']} jobs, offered load "
                  f"{ref.get('offered_load')}, fleet {ref['fleet']['accelerators']} accelerators at "
                  f"${ref['fleet']['cost_per_hour']}/h.")
-    parts += ["", "## At the reference load", "", _table(ref["summary"], ["policy", "goodput_tok_s", "vs_bound", "miss_rate",
+    parts += ["", "## At the reference load (does not separate the policies; see capacity above)", "",
+              _table(ref["summary"], ["policy", "goodput_tok_s", "vs_bound", "miss_rate",
               "cost_usd", "goodput_tokens_per_dollar", "kv_gb_moved", "wall_s"]), ""]
     parts += ["## Load sweep", ""]
     rows = []
     for d in results["sweep"]:
-        row = {"load": d["offered_load"], "bound": round(d["bound"]["goodput_tok_s"], 1)}
+        row = {"load": d["offered_load"], "bound": round(d["bound"]["goodput_tok_s"], 1) if "bound" in d else None}
         row.update({n: m["goodput_tok_s"] for n, m in d["policies"].items()})
         rows.append(row)
     parts += [_table(rows, list(rows[0])), "", "![goodput](goodput_vs_load.png) ![miss](miss_rate_vs_load.png)", ""]
@@ -159,7 +198,8 @@ def markdown(results: dict, ref: dict) -> str:
     if "pool_loss" in results:
         s = results["pool_loss"]
         parts += [f"## Pool loss: {s['pool']} disappears at t={s['at_s']} s", "",
-                  f"Bound: {s['bound_without']['goodput_tok_s']:.1f} tokens/s without, {s['bound_with']['goodput_tok_s']:.1f} with the loss.", "",
+                  (f"Bound: {s['bound_without']['goodput_tok_s']:.1f} tokens/s without, "
+                   f"{s['bound_with']['goodput_tok_s']:.1f} with the loss." if s["bound_with"] else "Bound not solved."), "",
                   _table([{"policy": n, **p} for n, p in s["policies"].items()],
                          ["policy", "miss_rate_without", "miss_rate_with", "miss_rate_impact", "goodput_with",
                           "goodput_vs_bound_with", "requests_replaced", "requests_gave_up"]), ""]

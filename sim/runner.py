@@ -7,7 +7,6 @@ document ``phaseroute sim --json`` prints.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -19,18 +18,22 @@ from phaseroute.sim.fleet import Fleet, load_fleet
 from phaseroute.sim.metrics import compact_series, compute_metrics
 from phaseroute.sim.core_driver import CoreDriver, PhaserouteOptions
 from phaseroute.sim.workload import Workload, WorkloadSpec, build_workload, load_workload_spec
+from phaseroute.streams.policy import RouterConfig
 
 POLICIES = ("phaseroute", "static-spec", "rr", "jsq", "split")
 EXTRA_POLICIES = ("phaseroute-poolkv",)   # variants run only when named
 
 
-def make_driver(name: str):
+def make_driver(name: str, fleet: Fleet | None = None):
+    """The driver of policy ``name``; with ``fleet``, the phaseroute routers are configured with
+    its price of inter-pool traffic (the baselines never look at prices)."""
+    router = RouterConfig(transfer_usd_per_gb=fleet.transfer_usd_per_gb if fleet is not None else 0.0)
     if name == "phaseroute":
-        return CoreDriver(PhaserouteOptions())
+        return CoreDriver(PhaserouteOptions(router=router))
     if name == "phaseroute-poolkv":     # ablation: the router sees only the pool's summed free KV, not per worker
-        return CoreDriver(PhaserouteOptions(per_worker_kv=False), name=name)
+        return CoreDriver(PhaserouteOptions(per_worker_kv=False, router=router), name=name)
     if name == "static-spec":
-        return CoreDriver(PhaserouteOptions(profiles="datasheet"))
+        return CoreDriver(PhaserouteOptions(profiles="datasheet", router=router))
     if name in BASELINES:
         return BASELINES[name]()
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)} (or 'all')")
@@ -51,8 +54,11 @@ def offered_tokens_per_s(w: Workload) -> float:
 def prepare(spec: WorkloadSpec | str | Path | dict, fleet: Fleet | str | Path | dict, load: float | None = None,
             seed: int | None = None, max_requests: int | None = None) -> tuple[Workload, Fleet, dict]:
     """The workload for this fleet. With a target ``load`` (or the spec's), the trace is
-    replicated to the whole number of copies just below the target and then compressed in time
-    for the rest, so the offered window stays about the trace's length."""
+    overlaid ``target / (load of one copy)`` times, a fractional copy keeping a random share of
+    its requests (``workload._replicated``), so the offered window stays the trace's at every
+    load and only the arrival rate changes; a last small time scaling hits the target exactly
+    (the thinning is random). With ``max_requests`` the spec's copies are kept, truncated, and
+    compressed in time to the target instead."""
     spec = spec if isinstance(spec, WorkloadSpec) else load_workload_spec(spec)
     fleet = fleet if isinstance(fleet, Fleet) else load_fleet(fleet)
     if seed is not None:
@@ -62,22 +68,25 @@ def prepare(spec: WorkloadSpec | str | Path | dict, fleet: Fleet | str | Path | 
     target = load if load is not None else spec.load
     w = build_workload(spec)
     capacity = max_throughput(w, fleet)
-    info = {"capacity_tok_s": round(capacity, 1)}
+    info: dict = {"capacity_tok_s": round(capacity, 1)}
     if target is not None:
+        if capacity <= 0:
+            raise ValueError(f"fleet {fleet.name!r} can serve none of workload {spec.name!r}: no load can be offered")
         per_copy = offered_tokens_per_s(w) / capacity / spec.replicate
-        copies = max(1, math.floor(target / per_copy)) if not spec.max_requests else spec.replicate
-        if copies != spec.replicate:
-            w = build_workload(replace(spec, replicate=copies))
+        copies: float = spec.replicate
+        if not spec.max_requests:
+            copies = target / per_copy
+            w = build_workload(spec, copies=copies)
             capacity = max_throughput(w, fleet)
         w = w.rescaled(target / (offered_tokens_per_s(w) / capacity))
-        info.update(replicate=copies, target_load=target)
+        info.update(replicate=round(copies, 4), target_load=target)
     info["offered_load"] = round(offered_tokens_per_s(w) / capacity, 4)
     return w, fleet, info
 
 
 def run_policy(w: Workload, fleet: Fleet, name: str, config: SimConfig = SimConfig(), driver=None):
     t0 = time.perf_counter()
-    sim = Simulator(w, fleet, driver or make_driver(name), config).run()
+    sim = Simulator(w, fleet, driver or make_driver(name, fleet), config).run()
     metrics = compute_metrics(sim)
     metrics["wall_s"] = round(time.perf_counter() - t0, 2)
     return sim, metrics

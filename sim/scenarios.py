@@ -9,14 +9,21 @@ capacity after the slowdown, and stays there for ``hold_s`` (or until the arriva
 
 ``pool_loss``: pool X disappears at ``at_s``; in-flight work is re-placed by each policy's
 retry/re-dispatch rule. Reported against the same run without the loss (and the bound of both).
+
+``transfer_price``: the same workload and fleet with moving KV between pools free and at
+``usd_per_gb``: per policy, the share of requests colocated, KV bytes moved per delivered
+token, the transfer's dollars and goodput per dollar (which includes them). phaseroute's
+router sees the price (``RouterConfig.transfer_usd_per_gb``); the baselines do not need to
+(rr and jsq always colocate, split never does).
+
+``bound=False`` skips the LP bound (each scenario solves it once or twice).
 """
 
 from __future__ import annotations
 
-
 from phaseroute.sim.bound import deadline_bound
 from phaseroute.sim.engine import SimConfig
-from phaseroute.sim.fleet import Fleet, FleetEvent, with_events
+from phaseroute.sim.fleet import Fleet, FleetEvent, with_events, with_transfer_price
 from phaseroute.sim.runner import run_policy
 from phaseroute.sim.workload import Workload
 
@@ -47,7 +54,7 @@ def placement_share(series: list[dict], pool_names: tuple[str, ...], window_s: f
         counts.append((row["t"], mine, total))
     out = []
     lo = 0
-    acc_mine = acc_total = 0
+    acc_mine = acc_total = 0.0
     for hi, (t, mine, total) in enumerate(counts):
         acc_mine += mine
         acc_total += total
@@ -77,9 +84,13 @@ def reaction_time(shares: list[tuple[float, float | None]], at_s: float, target_
     return None, pre, end_share
 
 
+def _vs_bound(goodput: float, bound: dict | None) -> float | None:
+    return round(goodput / bound["goodput_tok_s"], 4) if bound and bound["goodput_tok_s"] else None
+
+
 def stale_profile(w: Workload, fleet: Fleet, policies: list[str], pool: str | None = None, at_s: float | None = None,
                   factor: float = 4.0, config: SimConfig = SimConfig(sample_s=10.0), window_s: float = 60.0,
-                  hold_s: float = 120.0) -> dict:
+                  hold_s: float = 120.0, bound: bool = True) -> dict:
     pool = pool or default_pool(fleet)
     at_s = at_s if at_s is not None else float(w.job_submit.min() + 0.4 * w.span_s)
     slowed = with_events(fleet, [FleetEvent(at_s, pool, "slowdown", factor)])
@@ -87,8 +98,10 @@ def stale_profile(w: Workload, fleet: Fleet, policies: list[str], pool: str | No
     caps = _capacity_weights(fleet)
     mine = sum(caps[n] for n in names)
     target_after = (mine / factor) / (sum(caps.values()) - mine + mine / factor)
-    doc = {"pool": pool, "at_s": round(at_s, 1), "factor": factor, "capacity_share_before": round(mine / sum(caps.values()), 4),
-           "capacity_share_after": round(target_after, 4), "bound": deadline_bound(w, slowed), "policies": {}}
+    doc: dict = {"pool": pool, "at_s": round(at_s, 1), "factor": factor,
+                 "capacity_share_before": round(mine / sum(caps.values()), 4),
+                 "capacity_share_after": round(target_after, 4), "bound": deadline_bound(w, slowed) if bound else None,
+                 "policies": {}}
     for name in policies:
         sim, m = run_policy(w, slowed, name, config)
         shares = placement_share(sim.series, names, window_s)
@@ -98,7 +111,7 @@ def stale_profile(w: Workload, fleet: Fleet, policies: list[str], pool: str | No
             "reaction_s": None if react is None else round(react, 1),
             "share_before": None if pre is None else round(pre, 4), "share_at_end": None if end is None else round(end, 4),
             "goodput_tok_s": m["goodput_tok_s"], "miss_rate": m["miss_rate"],
-            "goodput_vs_bound": round(m["goodput_tok_s"] / doc["bound"]["goodput_tok_s"], 4) if doc["bound"]["goodput_tok_s"] else None,
+            "goodput_vs_bound": _vs_bound(m["goodput_tok_s"], doc["bound"]),
             "share_series": [(round(t, 1), None if s is None else round(s, 4)) for t, s in shares
                              if at_s - 600 <= t <= at_s + 1800],
         }
@@ -106,12 +119,12 @@ def stale_profile(w: Workload, fleet: Fleet, policies: list[str], pool: str | No
 
 
 def pool_loss(w: Workload, fleet: Fleet, policies: list[str], pool: str | None = None, at_s: float | None = None,
-              config: SimConfig = SimConfig(sample_s=10.0)) -> dict:
+              config: SimConfig = SimConfig(sample_s=10.0), bound: bool = True) -> dict:
     pool = pool or default_pool(fleet)
     at_s = at_s if at_s is not None else float(w.job_submit.min() + 0.5 * w.span_s)
     lost = with_events(fleet, [FleetEvent(at_s, pool, "loss")])
-    doc = {"pool": pool, "at_s": round(at_s, 1), "bound_without": deadline_bound(w, fleet),
-           "bound_with": deadline_bound(w, lost), "policies": {}}
+    doc: dict = {"pool": pool, "at_s": round(at_s, 1), "bound_without": deadline_bound(w, fleet) if bound else None,
+                 "bound_with": deadline_bound(w, lost) if bound else None, "policies": {}}
     for name in policies:
         _, base = run_policy(w, fleet, name, config)
         _, hit = run_policy(w, lost, name, config)
@@ -119,10 +132,29 @@ def pool_loss(w: Workload, fleet: Fleet, policies: list[str], pool: str | None =
             "miss_rate_without": base["miss_rate"], "miss_rate_with": hit["miss_rate"],
             "miss_rate_impact": round(hit["miss_rate"] - base["miss_rate"], 4),
             "goodput_without": base["goodput_tok_s"], "goodput_with": hit["goodput_tok_s"],
-            "goodput_vs_bound_with": round(hit["goodput_tok_s"] / doc["bound_with"]["goodput_tok_s"], 4)
-            if doc["bound_with"]["goodput_tok_s"] else None,
+            "goodput_vs_bound_with": _vs_bound(hit["goodput_tok_s"], doc["bound_with"]),
             "requests_replaced": hit["requests_lost"], "requests_retried": hit["requests_retried"],
             "requests_gave_up": hit["requests_gave_up"], "jobs_failed": hit["jobs_failed"],
             "jobs_rejected": hit["jobs_rejected"],
         }
+    return doc
+
+
+TRANSFER_FIGURES = ("miss_rate", "goodput_tok_s", "colocated_share", "kv_bytes_moved", "kv_bytes_per_delivered_token",
+                    "rental_cost_usd", "transfer_cost_usd", "cost_usd", "goodput_tokens_per_dollar")
+
+
+def transfer_price(w: Workload, fleet: Fleet, policies: list[str], usd_per_gb: float,
+                   config: SimConfig | None = None) -> dict:
+    """Each policy with KV transfer free and at ``usd_per_gb``."""
+    config = config or SimConfig()
+    if not usd_per_gb > 0:
+        raise ValueError(f"the transfer scenario needs a price > 0 dollars per GB, got {usd_per_gb!r}")
+    doc: dict = {"usd_per_gb": usd_per_gb, "policies": {}}
+    for name in policies:
+        runs = {}
+        for price in (0.0, usd_per_gb):
+            _, m = run_policy(w, with_transfer_price(fleet, price), name, config)
+            runs["free" if price == 0.0 else "priced"] = {k: m[k] for k in TRANSFER_FIGURES}
+        doc["policies"][name] = runs
     return doc

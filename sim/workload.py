@@ -24,6 +24,7 @@ each folder above it, then ``$PHASEROUTE_TRACE_DIR`` (file name only).
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -170,21 +171,34 @@ def load_workload_spec(ref: str | Path | dict) -> WorkloadSpec:
     return parse_workload(data, str(path) if path else "<workload>", path.parent if path else None)
 
 
-def _replicated(trace: Trace, copies: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _replicated(trace: Trace, copies: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``copies`` overlaid copies of the trace: the first as recorded, each other rotated by a
+    random phase; a fractional part is one more rotated copy keeping each request with that
+    probability (so the arrival rate scales with ``copies`` while the window stays the trace's)."""
+    whole, part = int(math.floor(copies)), copies - math.floor(copies)
     span = max(trace.span_s, 1e-9)
-    times = [trace.arrival_s]
-    for _ in range(copies - 1):
-        times.append((trace.arrival_s + rng.uniform(0, span)) % span)
+    keep_all = np.ones(len(trace), dtype=bool)
+    shares = [1.0] * whole + ([part] if part > 1e-9 else [])
+    times, prompts, outputs = [], [], []
+    for k, share in enumerate(shares):
+        at = trace.arrival_s if k == 0 else (trace.arrival_s + rng.uniform(0, span)) % span
+        keep = keep_all if share >= 1.0 else rng.random(len(trace)) < share
+        times.append(at[keep])
+        prompts.append(trace.prompt_tokens[keep])
+        outputs.append(trace.output_tokens[keep])
     t = np.concatenate(times)
     order = np.argsort(t, kind="stable")
-    return t[order], np.tile(trace.prompt_tokens, copies)[order], np.tile(trace.output_tokens, copies)[order]
+    return t[order], np.concatenate(prompts)[order], np.concatenate(outputs)[order]
 
 
-def build_workload(spec: WorkloadSpec, trace: Trace | None = None) -> Workload:
-    """Jobs from the spec's trace (read here unless given), at the spec's speedup."""
+def build_workload(spec: WorkloadSpec, trace: Trace | None = None, copies: float | None = None) -> Workload:
+    """Jobs from the spec's trace (read here unless given), at the spec's speedup; ``copies``
+    (> 0, may be fractional: see ``_replicated``) overrides the spec's ``replicate``."""
+    if copies is not None and not copies > 0:
+        raise ValueError(f"copies of the trace must be > 0, got {copies!r}")
     trace = trace or read_trace(spec.trace_path)
     rng = np.random.default_rng(spec.seed)
-    arrival, prompt, output = _replicated(trace, spec.replicate, rng)
+    arrival, prompt, output = _replicated(trace, spec.replicate if copies is None else copies, rng)
     if spec.max_requests:
         arrival, prompt, output = arrival[: spec.max_requests], prompt[: spec.max_requests], output[: spec.max_requests]
     arrival = arrival / spec.speedup

@@ -52,7 +52,7 @@ from phaseroute.streams.shell import ControlShell
 from phaseroute.streams.views import PoolView, ProfileView, TopicFollower
 
 log = logging.getLogger(__name__)
-APP_ID = "phaseroute-control"
+APP_ID = topics.CONTROL_APP_ID
 CATCH_UP_S = 15.0  # how long a (re)start waits for the profile and pool views before it dispatches anyway
 
 # (topic, Avro kind, agent name): every topic the control plane reads besides jobs.submitted
@@ -93,6 +93,7 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
     def table(name: str) -> Any:
         return app.Table(name, default=None, partitions=CONTROL_PARTITIONS, use_partitioner=True)
 
+    assert topics.CONTROL_TABLES == ("jobs", "requests", "tenants", "prompts")  # provisioned changelogs
     store = TableStore(table("jobs"), table("requests"), table("tenants"))
     prompts = table("prompts")
     core = ControlCore(config, store)
@@ -148,11 +149,15 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
         agent_for(source, kind, name)
 
     async def learn_changelogs() -> None:
-        """Table writes outside an agent (the tick's) pick their changelog partition from the
-        producer's metadata, which knows a topic only once asked: ask for every changelog."""
+        """Table writes pick their changelog partition from the producer's metadata, which knows a
+        topic only once asked, and only once it exists: ask for every changelog until each has its
+        partitions (provisioning creates them; a restore is tried again next tick otherwise)."""
         producer = app.producer._ensure_producer()
         for t in app.tables.values():
-            await producer.partitions_for(t.changelog_topic.get_topic_name())
+            name = t.changelog_topic.get_topic_name()
+            parts = await producer.partitions_for(name)
+            if not parts:
+                raise RuntimeError(f"changelog topic {name} has no partitions yet (provision it: `phaseroute up`)")
 
     async def restore() -> None:
         """Start the views, wait (without blocking the loop) until they caught up, rebuild the core."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 import typer
 
 from phaseroute.cli import (
-    api_cmds, common, drift_cmds, engine_cmds, jobs_cmds, pools_cmd, query_cmd, sim_cmds, stack, worker_cmds,
+    api_cmds, bench_pipeline, bench_sink, common, drift_cmds, engine_cmds, jobs_cmds, pools_cmd, query_cmd, sim_cmds,
+    stack, worker_cmds,
 )
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="phaseroute: offline LLM batch inference over Kafka.")
@@ -41,6 +42,8 @@ app.command("api")(common.long_running(lambda _kw: "api")(api_cmds.api))
 app.add_typer(api_cmds.tenants_app, name="tenants")
 app.command("profile")(engine_cmds.profile)
 engine_cmds.bench_app.command("admission")(api_cmds.bench_admission)
+engine_cmds.bench_app.command("pipeline")(bench_pipeline.bench_pipeline)
+engine_cmds.bench_app.command("sink")(bench_sink.bench_sink)
 app.add_typer(engine_cmds.bench_app, name="bench")
 app.add_typer(sim_cmds.sim_app, name="sim")
 app.add_typer(sim_cmds.plan_app, name="plan")

@@ -7,9 +7,13 @@ Register in the main CLI with::
     app.add_typer(plan_app, name="plan")
 
 ``phaseroute sim --workload W --fleet F [--policy all] [--load 0.7] --json`` prints one JSON
-document: every policy's metrics and the LP bound. Subcommands: ``report`` (load sweep,
-scenarios, plots), ``scenario stale|loss``, ``bench`` (1M requests on 1,000 accelerators),
-``calibrate`` (efficiency factors from measured profiles).
+document: every policy's metrics and the LP bound. Subcommands: ``capacity`` (capacity at SLO
+per policy and the bound, over seeds: the headline), ``report`` (capacity, load sweep,
+scenarios, plots), ``scenario stale|loss|transfer``, ``bench`` (1M requests on 1,000
+accelerators), ``bench-bound`` (time of the LP bound at 2,000 jobs), ``calibrate``
+(efficiency factors from measured profiles). Every ``--json`` (and every command that only
+prints JSON) writes exactly one JSON document to standard output; progress and solver output
+never go there (progress to standard error, the solver's own lines nowhere: sim/solver_io.py).
 """
 
 from __future__ import annotations
@@ -91,6 +95,103 @@ def sim(
         _emit(doc, as_json, _print_summary, emit)
 
 
+def _capacity_options(slo: float, seeds: int, seed: int | None, workload: str, start: float, max_load: float,
+                      tolerance: float, bound: bool, max_requests: int | None, bound_max_load: float = 8.0):
+    from phaseroute.sim.capacity import CapacityOptions
+    from phaseroute.sim.workload import load_workload_spec
+
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    base = seed if seed is not None else load_workload_spec(workload).seed
+    return CapacityOptions(slo=slo, seeds=tuple(range(base, base + seeds)), start=start, max_load=max_load,
+                           tolerance=tolerance, bound=bound, max_requests=max_requests,
+                           bound_max_load=max(bound_max_load, max_load))
+
+
+def _print_capacity(doc: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{doc['workload']} on {doc['fleet']}: capacity at SLO (miss rate <= {doc['slo']}), "
+                        f"seeds {doc['options']['seeds']}")
+    for c in ("policy", "capacity mean", "range", "per seed", "goodput/$ at capacity (mean, range)", "points"):
+        table.add_column(c)
+    rows = list(doc["policies"].items()) + ([("bound", doc["bound"])] if "bound" in doc else [])
+    mark = {"found": "", "at_max": "+", "below_min": "<"}
+    for name, p in rows:
+        c, money = p["capacity"], p.get("goodput_tokens_per_dollar_at_capacity")
+        per_seed = ", ".join(f"{v}{mark[st]}" for v, st in zip(c["per_seed"], p["status"], strict=True))
+        table.add_row(name, f"{c['mean']:.3f}", f"{c['min']:.2f}-{c['max']:.2f}", per_seed,
+                      f"{money['mean']:.0f} ({money['min']:.0f}-{money['max']:.0f})" if money else "",
+                      str(p["points_simulated"]))
+    console = Console()
+    console.print(table)
+    if any(st != "found" for _, p in rows for st in p["status"]):
+        console.print("+: still within the SLO at --max-load (the capacity is at least this); "
+                      "<: above the SLO at the lowest load tried")
+    for key, r in doc["ratios"].items():
+        if r:
+            extra = f", best baseline {r['best_baseline']}" if "best_baseline" in r else ""
+            console.print(f"{key.replace('_', ' ')}: {r.get('of_means')} (per seed {r.get('per_seed')}{extra})")
+
+
+@sim_app.command("capacity")
+def capacity(
+    workload: str = typer.Option(..., "--workload", "-w", help=WORKLOAD_HELP),
+    fleet: str = typer.Option(..., "--fleet", "-f", help=FLEET_HELP),
+    policy: str = typer.Option("all", "--policy", "-p", help="all, or a comma list of policies."),
+    slo: float = typer.Option(0.02, "--slo", help="Largest job deadline-miss rate accepted."),
+    seeds: int = typer.Option(3, "--seeds", help="Number of seeds (workload draws and simulation), from --seed on."),
+    seed: int = typer.Option(None, "--seed", help="First seed (default: the workload spec's)."),
+    start: float = typer.Option(1.0, "--start", help="First offered load tried."),
+    max_load: float = typer.Option(4.0, "--max-load", help="Highest offered load tried."),
+    tolerance: float = typer.Option(0.05, "--tolerance", help="Stop bisecting when hi / lo - 1 <= this."),
+    max_requests: int = typer.Option(None, "--max-requests", help="Keep only the first N requests."),
+    bound: bool = typer.Option(True, "--bound/--no-bound", help="Also search the LP bound's capacity."),
+    bound_max_load: float = typer.Option(8.0, "--bound-max-load", help="Highest offered load tried for the bound."),
+    plot: str = typer.Option(None, "--plot", help="Write the miss-rate-vs-load plot (PNG) here."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Capacity at SLO: per policy, the highest offered load at which the job deadline-miss rate
+    stays within --slo (bisection, each point a full simulation), with the bound's capacity and
+    the ratios phaseroute / best baseline and phaseroute / bound; mean and range over the seeds."""
+    from phaseroute.sim.capacity import capacity_study
+    from phaseroute.sim.capacity_plot import plot_capacity
+    from phaseroute.sim.runner import parse_policies
+
+    with json_stdout(as_json, indent=1) as emit:
+        try:
+            opts = _capacity_options(slo, seeds, seed, workload, start, max_load, tolerance, bound, max_requests,
+                                     bound_max_load)
+            doc = capacity_study(workload, fleet, parse_policies(policy), opts, log=lambda m: typer.echo(m, err=True))
+            if plot:
+                doc["plot"] = str(plot_capacity(doc, plot))
+        except (SimError, ValueError) as exc:
+            _fail(str(exc))
+        _emit(doc, as_json, _print_capacity, emit)
+
+
+@sim_app.command("bench-bound")
+def bench_bound(
+    workload: str = typer.Option("mooncake", "--workload", "-w", help=WORKLOAD_HELP),
+    fleet: str = typer.Option("l40s-a10g-t4", "--fleet", "-f", help=FLEET_HELP),
+    jobs: int = typer.Option(2000, "--jobs", help="About this many jobs (the offered load is chosen to give them)."),
+    exact: bool = typer.Option(False, "--exact", help="Also time the exact LP (minutes at 2,000 jobs)."),
+    slowdown: bool = typer.Option(True, "--slowdown/--no-slowdown", help="Also time it with a slowdown event."),
+    seed: int = typer.Option(None, "--seed"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Time the LP bound (column generation) on about --jobs jobs; prints the figures."""
+    from phaseroute.sim.bound_bench import run_bound_bench
+
+    with json_stdout(as_json, indent=1) as emit:
+        try:
+            doc = run_bound_bench(workload, fleet, jobs, exact, slowdown, seed, log=lambda m: typer.echo(m, err=True))
+        except (SimError, ValueError) as exc:
+            _fail(str(exc))
+        _emit(doc, as_json, lambda d: typer.echo(json.dumps(d, indent=1)), emit)
+
+
 @sim_app.command("report")
 def report(
     workload: str = typer.Option(..., "--workload", "-w", help=WORKLOAD_HELP),
@@ -101,15 +202,21 @@ def report(
     seed: int = typer.Option(None, "--seed", help="Seed (default: the workload spec's)."),
     max_requests: int = typer.Option(None, "--max-requests"),
     scenarios: bool = typer.Option(True, "--scenarios/--no-scenarios", help="Also run the stale-profile and pool-loss scenarios."),
+    capacity: bool = typer.Option(True, "--capacity/--no-capacity", help="Headline: capacity at SLO per policy."),
+    slo: float = typer.Option(0.02, "--slo", help="Largest job deadline-miss rate accepted (capacity)."),
+    seeds: int = typer.Option(3, "--seeds", help="Seeds of the capacity search."),
+    bound: bool = typer.Option(True, "--bound/--no-bound", help="Solve the LP bound (sweep, scenarios, capacity)."),
 ) -> None:
-    """Load sweep + scenarios -> report.md with plots (goodput and miss rate vs load, pool
-    utilization over time, share per tenant, stale-profile reaction)."""
+    """Capacity at SLO + load sweep + scenarios -> report.md with plots (capacity, goodput and
+    miss rate vs load, pool utilization over time, share per tenant, stale-profile reaction)."""
     from phaseroute.sim.report import build_report
     from phaseroute.sim.runner import parse_policies
 
     try:
+        cap = _capacity_options(slo, seeds, seed, workload, 1.0, 4.0, 0.05, bound, max_requests) if capacity else None
         build_report(workload, fleet, out, tuple(float(x) for x in loads.split(",")), parse_policies(policy), seed,
-                     max_requests, scenarios=scenarios, log=lambda m: typer.echo(m, err=True))
+                     max_requests, scenarios=scenarios, log=lambda m: typer.echo(m, err=True), capacity=cap,
+                     bound=bound)
     except (SimError, ValueError) as exc:
         _fail(str(exc))
     typer.echo(f"wrote {out}/report.md")
@@ -117,7 +224,8 @@ def report(
 
 @sim_app.command("scenario")
 def scenario(
-    kind: str = typer.Argument(..., help="stale (a pool slows down) or loss (a pool disappears)."),
+    kind: str = typer.Argument(..., help="stale (a pool slows down), loss (a pool disappears) or transfer "
+                                         "(moving KV costs --usd-per-gb)."),
     workload: str = typer.Option(..., "--workload", "-w", help=WORKLOAD_HELP),
     fleet: str = typer.Option(..., "--fleet", "-f", help=FLEET_HELP),
     pool: str = typer.Option(None, "--pool", help="The pool hit (default: the one with the most capacity)."),
@@ -127,21 +235,27 @@ def scenario(
     load: float = typer.Option(None, "--load"),
     seed: int = typer.Option(None, "--seed", help="Seed (default: the workload spec's)."),
     max_requests: int = typer.Option(None, "--max-requests"),
+    usd_per_gb: float = typer.Option(0.02, "--usd-per-gb", help="Price of KV moved between pools (transfer)."),
+    bound: bool = typer.Option(True, "--bound/--no-bound", help="Solve the LP bound (stale, loss)."),
 ) -> None:
-    """Stale-profile or pool-loss scenario; prints JSON."""
+    """Stale-profile, pool-loss or transfer-price scenario; prints JSON."""
     from phaseroute.sim.engine import SimConfig
     from phaseroute.sim.runner import parse_policies, prepare
-    from phaseroute.sim.scenarios import pool_loss, stale_profile
+    from phaseroute.sim.scenarios import pool_loss, stale_profile, transfer_price
 
-    if kind not in ("stale", "loss"):
-        _fail(f"scenario must be 'stale' or 'loss', got {kind!r}")
+    if kind not in ("stale", "loss", "transfer"):
+        _fail(f"scenario must be 'stale', 'loss' or 'transfer', got {kind!r}")
     with json_stdout(indent=1) as emit:
         try:
             w, f, _ = prepare(workload, fleet, load, seed, max_requests)
             cfg = SimConfig(seed=seed or 0, sample_s=10.0)
             names = parse_policies(policy)
-            doc = (stale_profile(w, f, names, pool, at_s, factor, cfg) if kind == "stale"
-                   else pool_loss(w, f, names, pool, at_s, cfg))
+            if kind == "stale":
+                doc = stale_profile(w, f, names, pool, at_s, factor, cfg, bound=bound)
+            elif kind == "loss":
+                doc = pool_loss(w, f, names, pool, at_s, cfg, bound=bound)
+            else:
+                doc = transfer_price(w, f, names, usd_per_gb, SimConfig(seed=seed or 0))
         except (SimError, ValueError) as exc:
             _fail(str(exc))
         emit(doc)

@@ -16,12 +16,13 @@ def worker(
     phase: str = typer.Option(..., "--phase", help="prefill, decode, or both (colocated)."),
     variant: str = typer.Option("fp32", "--variant", help="Engine variant: fp32, bf16, int8-dynamic, int8-weight."),
     model: str = typer.Option("smollm2-135m", "--model"),
-    threads: int = typer.Option(None, "--threads", help="torch threads (default: the variant's)."),
+    threads: int = typer.Option(None, "--threads", help="torch threads (default: every core this process may use)."),
     device: str = typer.Option(None, "--device", help="cpu or cuda (default: the variant's)."),
     max_batch: int = typer.Option(8, "--max-batch", help="Prefill micro-batch: most requests per batch."),
     max_batch_tokens: int = typer.Option(4096, "--max-batch-tokens", help="Prefill micro-batch: most prompt tokens."),
     max_wait_ms: float = typer.Option(50.0, "--max-wait-ms", help="Prefill micro-batch: longest wait of the first item."),
     max_decode_batch: int = typer.Option(32, "--max-decode-batch", help="Most sequences in the continuous decode batch."),
+    prefill_chunk_tokens: int = typer.Option(256, "--prefill-chunk-tokens", help="Colocated: padded prompt tokens per prefill chunk between decode steps."),
     worker_id: str = typer.Option(None, "--worker-id"),
     throttle_file: str = typer.Option(None, "--throttle-file", help="Fault injection: slow this worker by the factor in FILE (re-read every second)."),
     inject_kv_bitflips: float = typer.Option(0.0, "--inject-kv-bitflips", help="Fault injection: flip this share of the bits of every KV blob this prefill worker hands over, CRC recomputed (drift tests)."),
@@ -37,7 +38,7 @@ def worker(
         opts = WorkerOptions(
             pool=pool, phase=phase, variant=variant, model=model, threads=threads, device=device, max_batch=max_batch,
             max_batch_tokens=max_batch_tokens, max_wait_s=max_wait_ms / 1000, max_decode_batch=max_decode_batch,
-            worker_id=worker_id, throttle_file=throttle_file,
+            prefill_chunk_tokens=prefill_chunk_tokens, worker_id=worker_id, throttle_file=throttle_file,
             kv_bitflips=inject_kv_bitflips, kv_bitflips_to=inject_kv_bitflips_to,
         )
         loop, heartbeat = build_phase_worker(settings, opts)

@@ -7,6 +7,11 @@ size (``tokens * batch / tokens_per_s(batch)``). Before that it waits behind the
 A disaggregated path adds the KV transfer (prompt tokens x KV bytes per token) over the
 measured link and the decode pool's own queue; a colocated path queues once. Prefill on a
 pool that also decodes stalls the decodes in flight there (``stall_s``, decode-seconds lost).
+
+Dollars of a path: each phase's share of its pool's price for the seconds it holds a batch
+slot, plus, when disaggregated, the KV bytes moved times the price of inter-pool traffic
+(``RouterConfig.transfer_usd_per_gb``; 0 when moving KV costs nothing but time). The path has
+no dollar figure (None) when either pool has no price.
 """
 
 from __future__ import annotations
@@ -118,10 +123,22 @@ def _headroom(need: float, free: float) -> float:
     return 0.0 if free <= 0 else min(1.0, max(0.0, 1.0 - need / free))
 
 
-def combine(request: RequestWork, prefill: PhaseCost, decode: PhaseCost, link: LinkProfile | None) -> PathEstimate:
+def transfer_dollars(kv_bytes: float, usd_per_gb: float) -> float:
+    """What moving ``kv_bytes`` between two pools costs at ``usd_per_gb``."""
+    return kv_bytes / 1e9 * usd_per_gb
+
+
+def combine(
+    request: RequestWork,
+    prefill: PhaseCost,
+    decode: PhaseCost,
+    link: LinkProfile | None,
+    transfer_usd_per_gb: float = 0.0,
+) -> PathEstimate:
     """The estimate of prefill on ``prefill``'s pool and decode on ``decode``'s: a colocated
     path queues once and moves no KV; a disaggregated one adds the transfer over ``link`` and
-    the decode pool's queue. ``link`` is ignored (and may be None) when the path is colocated."""
+    the decode pool's queue, and its dollars add the KV moved at ``transfer_usd_per_gb``.
+    ``link`` is ignored (and may be None) when the path is colocated."""
     a, b = prefill.option.pool, decode.option.pool
     row_p, row_d = prefill.option.row, decode.option.row
     colocated = a.name == b.name
@@ -134,6 +151,7 @@ def combine(request: RequestWork, prefill: PhaseCost, decode: PhaseCost, link: L
         transfer_s = transfer_time(link, kv_bytes)
         decode_wait, headroom = decode.wait_s, min(decode.headroom, prefill.headroom)
     cost_p, cost_d = prefill.dollars, decode.dollars
+    moved = 0.0 if colocated else transfer_dollars(kv_bytes, transfer_usd_per_gb)
     return PathEstimate(
         prefill_pool=a.name,
         decode_pool=b.name,
@@ -143,7 +161,7 @@ def combine(request: RequestWork, prefill: PhaseCost, decode: PhaseCost, link: L
         decode_wait_s=decode_wait,
         decode_s=decode.service_s,
         kv_bytes=0.0 if colocated else kv_bytes,
-        cost=None if cost_p is None or cost_d is None else cost_p + cost_d,
+        cost=None if cost_p is None or cost_d is None else cost_p + cost_d + moved,
         quality=row_p.quality_score * row_d.quality_score,
         success_prob=(1.0 - row_p.error_rate) * (1.0 - row_d.error_rate),
         memory_headroom=headroom,
@@ -152,10 +170,14 @@ def combine(request: RequestWork, prefill: PhaseCost, decode: PhaseCost, link: L
 
 
 def estimate_path(
-    request: RequestWork, prefill: PhaseOption, decode: PhaseOption, link: LinkProfile | None
+    request: RequestWork,
+    prefill: PhaseOption,
+    decode: PhaseOption,
+    link: LinkProfile | None,
+    transfer_usd_per_gb: float = 0.0,
 ) -> PathEstimate:
     """Estimate one placement; ``link`` is ignored (and may be None) when the path is colocated."""
-    return combine(request, phase_cost(request, prefill), phase_cost(request, decode), link)
+    return combine(request, phase_cost(request, prefill), phase_cost(request, decode), link, transfer_usd_per_gb)
 
 
 def fleet_tokens_per_s(

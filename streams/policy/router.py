@@ -63,7 +63,7 @@ def _candidates(
             rejected.append((f"{src}->{dst}", mismatch))
             continue
         link = None if src == dst else effective_link(profiles, src, dst, now, config.confidence)
-        estimate = combine(request, p, d, link)
+        estimate = combine(request, p, d, link, config.transfer_usd_per_gb)
         measured = path_quality(profiles, request.model, src, dst, now)
         if measured is not None:
             estimate = estimate._replace(quality=measured.score)

@@ -69,6 +69,10 @@ class RouterConfig:
     """Target share is proportional to useful capacity ** sharpness (1 = proportional)."""
     relax_avoid_when_empty: bool = True
     """If the request's avoid list leaves no pool, place it on an avoided pool rather than nowhere."""
+    transfer_usd_per_gb: float = 0.0
+    """Dollars per GB of KV moved between two pools (egress between sites or zones; 0 when the
+    pools share a network that costs nothing per byte). Added to a disaggregated path's dollars,
+    so the cost scorer weighs it against the time disaggregation saves."""
     relax_room_when_empty: bool = True
     """If no pool has a worker with room for the request's KV now, queue it on a pool that can
     hold it once room frees rather than place it nowhere (a large request would otherwise
@@ -79,6 +83,8 @@ class RouterConfig:
         for name in ("exact_quality_threshold", "max_error_rate", "exploration_share", "max_share_step", "share_slack"):
             _checks.fraction(owner, name, getattr(self, name))
         _checks.non_negative(owner, "disaggregation_candidates", self.disaggregation_candidates)
+        _checks.non_negative(owner, "transfer_usd_per_gb", self.transfer_usd_per_gb)
+        _checks.finite(owner, "transfer_usd_per_gb", self.transfer_usd_per_gb)
         for name in ("max_error_rate", "max_share_step"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{owner}.{name} must be > 0, got {getattr(self, name)!r}")

@@ -64,11 +64,12 @@ def test_decode_step_writes_in_place_without_reallocating(tiny: Any) -> None:
     for i in range(3):
         session.add(DecodeRequest(f"a{i}", res.kv, res.first_token, 40))
     session.step()
-    pointer, grows = session.slots.keys.data_ptr(), session.slots.grow_count
+    pointer = session.kv.keys.data_ptr()
     for _ in range(20):
         session.step()
-    assert session.slots.keys.data_ptr() == pointer and session.slots.grow_count == grows
-    assert session.slots.lengths == [len(PROMPTS[3]) + 21] * 3
+    assert session.kv.keys.data_ptr() == pointer  # one pool for the session's life
+    assert session.kv.lengths == [len(PROMPTS[3]) + 21] * 3
+    assert session.kv.blocks.taken == 3 * -(-(len(PROMPTS[3]) + 21) // session.kv.block_size)
 
 
 def test_eos_first_token_and_max_tokens_one_finish_at_join(tiny: Any, drain: Any) -> None:

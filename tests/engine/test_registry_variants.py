@@ -1,16 +1,13 @@
-"""Registry, lazy imports, variants and the preallocated slot cache."""
+"""Registry, lazy imports and variants."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from typing import Any
 
 import pytest
 import torch
-
 from phaseroute.engine.errors import BackendUnavailableError, UnknownNameError
-from phaseroute.engine.kv_cache import SlotKV
 from phaseroute.engine.protocol import PrefillItem
 from phaseroute.engine.registry import BACKENDS, build_executor
 from phaseroute.engine.variants import VARIANTS, variant_config
@@ -74,33 +71,3 @@ def test_weight_only_int8_linear_is_close_to_fp32() -> None:
     x = torch.randn(5, 64, dtype=torch.bfloat16)
     torch.testing.assert_close(q(x).float(), linear(x).float(), atol=0.05, rtol=0.05)
     assert q.qweight.dtype == torch.int8
-
-
-def test_slot_cache_grows_rarely_and_moves_last_row_on_remove() -> None:
-    slots = SlotKV(2, 1, 4, torch.float32, "cpu", max_seq=1000, max_rows=16)
-    for i in range(10):
-        kv = [torch.full((1, 5 + i, 4), float(i))] * 2
-        assert slots.append(kv, kv, 5 + i, 20 + i) == i
-    assert slots.grow_count <= 5 and slots.row_capacity >= 10 and slots.seq_capacity >= 29
-    moved = slots.remove(2)
-    assert moved == 9 and slots.lengths[2] == 14 and slots.rows == 9
-    assert torch.all(slots.keys[:, 2, :, :14] == 9.0)
-    assert slots.remove(8) is None and slots.rows == 8
-    assert slots.capacity_bytes() == slots.row_capacity * slots.seq_capacity * 2 * 2 * 1 * 4 * 4
-
-
-def test_slot_cache_shrinks_when_the_batch_drains_and_keeps_live_rows() -> None:
-    slots = SlotKV(1, 1, 2, torch.float32, "cpu", max_seq=4096, max_rows=64)
-    for i in range(16):
-        kv = [torch.full((1, 10, 2), float(i))]
-        slots.append(kv, kv, 10, 1000 if i == 0 else 40)
-    assert slots.row_capacity == 16 and slots.seq_capacity == 1024
-    assert not slots.shrink()  # still full
-    for row in range(15, 2, -1):
-        slots.remove(row)
-    assert slots.shrink() and slots.row_capacity == 6 and slots.seq_capacity == 1024  # row 0 still needs 1000
-    slots.remove(0)  # row 2 (needs 40) moves into row 0
-    assert slots.shrink() and slots.seq_capacity == 64 and slots.rows == 2
-    assert torch.all(slots.keys[0, 0, :, :10] == 2.0) and torch.all(slots.keys[0, 1, :, :10] == 1.0)
-    slots.remove(1), slots.remove(0)
-    assert slots.shrink() and slots.capacity_bytes() == 0

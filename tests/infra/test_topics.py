@@ -45,3 +45,13 @@ def test_pool_topics_are_templated_and_pool_names_checked() -> None:
 def test_bad_partition_count_names_the_topic() -> None:
     with pytest.raises(ValueError, match="topic 'x': partitions must be >= 1, got 0"):
         topics.TopicSpec("x", 0, "request", "k", "doc")
+
+
+def test_every_topic_name_constant_is_a_declared_topic() -> None:
+    names = {value for key, value in vars(topics).items() if key.endswith("_TOPIC")}
+    assert len(names) >= 10
+    assert names <= {s.name for s in topics.STATIC_TOPICS}, names - {s.name for s in topics.STATIC_TOPICS}
+    assert topics.prefill_topic("gpu-a") == "prefill.gpu-a" and topics.decode_topic("gpu-a") == "decode.gpu-a"
+    assert {topics.prefill_topic("gpu-a"), topics.decode_topic("gpu-a")} == {s.name for s in topics.pool_topics("gpu-a")}
+    with pytest.raises(ValueError, match="Bad_Pool"):
+        topics.decode_topic("Bad_Pool")

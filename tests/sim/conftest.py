@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces"
+
+def _traces_dir() -> Path:
+    """``$PHASEROUTE_TRACE_DIR``, else the first ``shared/data/traces`` beside the repository or
+    a folder above it (a git worktree sits one level deeper than the main checkout)."""
+    env = os.environ.get("PHASEROUTE_TRACE_DIR")
+    if env:
+        return Path(env)
+    above = Path(__file__).resolve().parents[3:]
+    return next((d / "shared" / "data" / "traces" for d in above if (d / "shared" / "data" / "traces").is_dir()),
+                above[0] / "shared" / "data" / "traces")
+
+
+TRACES = _traces_dir()
 AZURE = TRACES / "azure2023_code.csv"
 MOONCAKE = TRACES / "mooncake_conversation.jsonl"
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from phaseroute.sim.bound import JobWork, LPPool, deadline_bound, max_throughput, solve
@@ -49,11 +51,17 @@ def test_link_limits_disaggregation_by_hand():
     assert sized.cost_per_hour == pytest.approx(1.0 * (1.0 / 5) + 1.0 * (0.01 / 5), rel=1e-6)
 
 
+def _lost_at_start(*parents: str) -> SimpleNamespace:
+    """Just what the LP reads of a fleet: its events (here: pools lost at t = 0)."""
+    return SimpleNamespace(events=[FleetEvent(0.0, p, "loss") for p in parents])
+
+
 def test_pools_together_serve_only_the_requests_one_of_them_can_hold():
-    # One job: a small request (100 + 100 tokens) and a large one (900 + 100). Two pools whose
-    # instances hold 500 tokens of KV each: only the small request fits either. Each pool alone may
-    # take 1/6 of the job's tokens; the two together may not take 2/6 (the large request's tokens
-    # cannot be split between them), so the bound serves exactly the small request: 200 tokens.
+    # One job: a small request (100 + 100 tokens) and a large one (900 + 100). Pools a and b hold
+    # 500 tokens of KV per instance: only the small request fits either; pool c holds everything
+    # but is lost at t = 0. Each of a, b alone may take 1/6 of the job's tokens; the two together
+    # may not take 2/6 (the large request's tokens cannot be split between them), so the bound
+    # serves exactly the small request: 200 tokens.
     jw = JobWork(["m"], np.array([0.0]), np.array([100.0]), np.array([1200.0]), np.array([1000.0]),
                  np.array([100.0**2 + 900.0**2]), np.array([200.0]), np.array([100 * 150.0 + 100 * 950.0]), 101.0,
                  requests=(np.array([0, 0]), np.array([100.0, 900.0]), np.array([100.0, 100.0])))
@@ -61,9 +69,14 @@ def test_pools_together_serve_only_the_requests_one_of_them_can_hold():
                          kv_per_token=1.0, kv_capacity=500.0, two_p=1e9, dec_attn=0.0, pre_attn=0.0,
                          overhead=0.0, max_batch=1)
     pools = [LPPool(n, n, "m", small, 1.0, ("prefill", "decode"), 1e9, 1.0) for n in ("a", "b")]
-    res = solve(jw, pools, n_intervals=1)
+    pools.append(LPPool("c", "c", "m", perf(1.0), 1.0, ("prefill", "decode"), 1e9, 1.0))
+    res = solve(jw, pools, n_intervals=1, fleet=_lost_at_start("c"))
     assert res.status == "optimal"
     assert res.objective_tokens == pytest.approx(200.0)
+    # without pool c no pool can ever hold the large request: the job is met by no policy, and the
+    # bound leaves it out entirely
+    alone = solve(jw, pools[:2], n_intervals=1)
+    assert alone.status == "optimal" and alone.objective_tokens == 0.0
 
 
 def test_bound_is_not_beaten_and_reacts_to_events(sim_inputs):
@@ -91,8 +104,8 @@ def test_max_throughput_scales_with_the_fleet(sim_inputs):
 
 def test_requests_that_fit_no_instance_are_not_counted():
     """Job: a 1,000-token request and a 9,000-token one; pool b's instances hold 5,000 tokens of
-    KV. Only a's share of the job can run on b; with a (the big pool) gone, 1,000 / 10,000 remain."""
-    L, O = np.array([990.0, 8990.0]), np.array([10.0, 10.0])
+    KV. Only a's share of the job can run on b; with a (the big pool) lost, 1,000 / 10,000 remain."""
+    L, O = np.array([990.0, 8990.0]), np.array([10.0, 10.0])  # noqa: E741
     jw = JobWork(["m"], np.array([0.0]), np.array([100.0]), np.array([10000.0]), np.array([L.sum()]),
                  np.array([(L * L).sum()]), np.array([O.sum()]), np.array([(O * (L + O / 2)).sum()]), 991.0,
                  (np.array([0, 0]), L, O))
@@ -100,6 +113,6 @@ def test_requests_that_fit_no_instance_are_not_counted():
     pools = [LPPool("a", "a", "m", perf(1.0), 1.0, ("prefill", "decode"), 1e9, 1.0),
              LPPool("b", "b", "m", small, 1.0, ("prefill", "decode"), 1e9, 1.0)]
     assert solve(jw, pools, 1, links={("a", "b"): 1e12, ("b", "a"): 1e12}).job_fraction[0] == pytest.approx(1.0)
-    only_b = solve(jw, pools[1:], 1)
+    only_b = solve(jw, pools, 1, fleet=_lost_at_start("a"), links={("a", "b"): 1e12, ("b", "a"): 1e12})
     assert only_b.job_fraction[0] == pytest.approx(0.1)
     assert only_b.objective_tokens == pytest.approx(1000.0)

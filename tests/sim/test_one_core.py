@@ -95,7 +95,7 @@ def test_one_recorded_log_gives_the_same_decisions_through_the_simulator_and_the
     assert sum(1 for _, e, _ in driver.log if isinstance(e, AttemptFailed)) > 0, "the run should see failures"
 
     core = ControlCore(replace(driver.core.config), seed=driver.seed)
-    shell = ControlShell(core, {}, {}, lambda job_id: None, pools=None, profiles=None)  # type: ignore[arg-type]
+    shell = ControlShell(core, {}, {}, lambda tenant, job_id: None, pools=None, profiles=None)  # type: ignore[arg-type]
     live: list[tuple[Any, ...]] = []
     for now, event, _ in driver.log:
         if event is None:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from phaseroute.sim.errors import SpecError
 from phaseroute.sim.fleet import load_fleet, parse_fleet
+from phaseroute.sim.runner import prepare
 from phaseroute.sim.specio import bundled
 from phaseroute.sim.workload import build_workload, load_workload_spec, parse_workload
 
@@ -85,3 +86,21 @@ def test_bundled_examples_load():
     assert load_fleet("bench-1000").accelerators == 1000
     for name in bundled("workload"):
         assert load_workload_spec(name).trace_path.is_file()
+
+
+def test_load_scales_the_arrival_rate_not_the_window(sim_inputs):
+    """prepare() overlays target / (one copy's load) copies, the fractional one thinned: the
+    offered window stays the trace's at every load, so deadlines keep their meaning."""
+    spec = parse_workload(sim_inputs.workload())
+    one = build_workload(spec)
+    half = build_workload(spec, copies=1.5)
+    assert 1.4 * one.n_requests < half.n_requests < 1.6 * one.n_requests
+    assert half.span_s == pytest.approx(one.span_s, rel=0.1)
+    spans = []
+    for load in (0.3, 1.0, 2.5):
+        w, _, info = prepare(sim_inputs.workload(), sim_inputs.fleet(), load=load)
+        assert info["offered_load"] == pytest.approx(load, rel=1e-3)
+        spans.append(w.span_s)
+    assert max(spans) < 1.1 * min(spans)
+    with pytest.raises(ValueError, match="copies of the trace must be > 0, got 0"):
+        build_workload(spec, copies=0)

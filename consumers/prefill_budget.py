@@ -1,0 +1,91 @@
+"""The prefill micro-batch's token budget, from the pool's measured profile.
+
+A pool's PREFILL profile row (the compacted ``profiles`` topic: cold-start profiler or live
+telemetry) carries a batch curve, prompt tokens/s by requests per batch. The efficient batch is
+the smallest batch size whose throughput reaches ``EFFICIENT_SHARE`` of the best measured one:
+a bigger batch only adds waiting (the first item waits for the rest) and padding, for little
+more throughput. On a CPU, where prefill is compute-bound, that is usually a batch of one.
+
+Life of the budget in a worker: at start ``load_prefill_curve`` reads the pool's PREFILL row
+from ``profiles`` (bounded by a timeout; none found: the configured ``max_batch_tokens`` stays);
+``TokenBudget.observe`` keeps the running mean of the prompts the worker accepted, and
+``tokens()`` is efficient batch x mean prompt tokens, within ``[1 prompt, max_batch_tokens]``.
+``efficient_batch_size`` and ``TokenBudget`` are pure; only the loader touches Kafka.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+EFFICIENT_SHARE = 0.9  # of the best measured prefill tokens/s
+
+
+def efficient_batch_size(curve: Sequence[tuple[int, float]], share: float = EFFICIENT_SHARE) -> int | None:
+    """The smallest batch size reaching ``share`` of the curve's best tokens/s; None for an empty curve."""
+    points = sorted((int(b), float(t)) for b, t in curve if b >= 1 and t > 0)
+    if not points:
+        return None
+    best = max(t for _, t in points)
+    return next(b for b, t in points if t >= share * best)
+
+
+@dataclass
+class TokenBudget:
+    """Prompt tokens one micro-batch may hold: efficient batch x the mean prompt seen."""
+
+    ceiling: int  # the configured max_batch_tokens
+    efficient_batch: int | None = None  # from the profile; None: always the ceiling
+    prompts_seen: int = 0
+    mean_prompt_tokens: float = 0.0
+
+    def observe(self, prompt_tokens: int) -> None:
+        self.prompts_seen += 1
+        self.mean_prompt_tokens += (prompt_tokens - self.mean_prompt_tokens) / self.prompts_seen
+
+    def tokens(self) -> int:
+        if self.efficient_batch is None or not self.prompts_seen:
+            return self.ceiling
+        return max(1, min(self.ceiling, round(self.efficient_batch * self.mean_prompt_tokens)))
+
+
+def load_prefill_curve(bootstrap: str, topic: str, model: str, pool: str, variant: str, timeout_s: float = 5.0) -> list[tuple[int, float]]:
+    """The batch curve of the newest PREFILL row for (model, pool, variant) on ``topic``; [] if none in time."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    from phaseroute.schemas import serde
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"phaseroute.budget.{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    best: dict[str, Any] | None = None
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return []
+        consumer.assign([TopicPartition(topic, p, 0) for p in meta.partitions])
+        pending, deadline = set(meta.partitions), time.monotonic() + timeout_s
+        while pending and time.monotonic() < deadline:
+            for msg in consumer.consume(500, 0.5):
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(msg.partition())
+                    continue
+                try:
+                    _, row = serde.decode(msg.value(), "profile_row")
+                except Exception as exc:  # noqa: BLE001 - a bad row elsewhere must not stop a worker's start
+                    log.debug("skipping an undecodable profile row: %s", exc)
+                    continue
+                if (row["model"], str(row["phase"]), row["pool"], row["variant"]) == (model, "PREFILL", pool, variant) and row["batch_curve"]:
+                    if best is None or row["updated_at"] >= best["updated_at"]:
+                        best = row
+    except Exception as exc:  # noqa: BLE001 - no profile yet is normal at a pool's first start
+        log.info("no prefill profile for pool %r (%s); the configured token budget stays", pool, exc)
+    finally:
+        consumer.close()
+    return [] if best is None else [(p["batch_size"], p["tokens_per_s"]) for p in best["batch_curve"]]

@@ -1,0 +1,55 @@
+"""Workers that use the machine: threads and workers per pool from the cores, the prefill token budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from phaseroute.consumers.machine import WorkerShare, default_threads, plan_pools, usable_cores
+from phaseroute.consumers.prefill_budget import TokenBudget, efficient_batch_size
+
+
+def test_one_pool_on_two_cores_is_one_worker_with_both_cores() -> None:
+    assert plan_pools(1, 2) == [WorkerShare(workers=1, threads=2)]
+
+
+def test_two_pools_on_two_cores_share_them_without_oversubscribing() -> None:
+    assert plan_pools(2, 2) == [WorkerShare(1, 1), WorkerShare(1, 1)]
+    assert plan_pools(3, 2) == [WorkerShare(1, 1)] * 3  # never below one thread
+
+
+def test_big_machines_get_more_workers_not_ever_more_threads() -> None:
+    assert plan_pools(1, 16) == [WorkerShare(4, 4)]
+    assert plan_pools(2, 16) == [WorkerShare(2, 4), WorkerShare(2, 4)]
+    assert plan_pools(2, 16, workers={0: 6}) == [WorkerShare(6, 2), WorkerShare(2, 2)]
+
+
+def test_bad_plans_name_the_values() -> None:
+    with pytest.raises(ValueError, match="cores=0"):
+        plan_pools(1, 0)
+    with pytest.raises(ValueError, match=r"\[0\]"):
+        plan_pools(1, 4, workers={0: 0})
+    with pytest.raises(ValueError, match="workers_on_machine=0"):
+        default_threads(0)
+
+
+def test_default_threads_split_the_usable_cores() -> None:
+    assert default_threads(1, cores=8) == 8 and default_threads(3, cores=8) == 2 and default_threads(9, cores=8) == 1
+    assert default_threads() == usable_cores() >= 1
+
+
+def test_efficient_batch_is_the_smallest_reaching_ninety_percent_of_the_best() -> None:
+    assert efficient_batch_size([(1, 410.0), (2, 430.0), (4, 440.0), (8, 445.0)]) == 1  # compute-bound CPU
+    assert efficient_batch_size([(8, 3000.0), (1, 500.0), (4, 2800.0), (16, 3100.0)]) == 4  # unsorted input
+    assert efficient_batch_size([(8, 3000.0), (1, 500.0), (4, 2700.0), (16, 3100.0)]) == 8
+    assert efficient_batch_size([]) is None and efficient_batch_size([(0, 5.0), (2, 0.0)]) is None
+
+
+def test_token_budget_follows_the_mean_prompt_within_the_ceiling() -> None:
+    budget = TokenBudget(ceiling=4096, efficient_batch=2)
+    assert budget.tokens() == 4096  # nothing seen yet
+    for n in (100, 300):
+        budget.observe(n)
+    assert budget.mean_prompt_tokens == 200 and budget.tokens() == 400
+    budget.observe(20_000)
+    assert budget.tokens() == 4096
+    assert TokenBudget(ceiling=512).tokens() == 512  # no profile: the configured ceiling

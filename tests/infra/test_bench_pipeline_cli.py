@@ -1,0 +1,40 @@
+"""``phaseroute bench pipeline``: bad set-ups are refused by name before anything starts, and the
+output-token count comes from the job's OpenAI Batch output lines. ``bench sink`` runs on a real broker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from phaseroute.cli.bench_pipeline import _output_tokens
+from phaseroute.cli.main import app
+
+
+def test_an_unknown_setup_is_refused_naming_it(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["--home", str(tmp_path), "bench", "pipeline", "--setups", "colocated,sideways"])
+    assert result.exit_code == 2
+    assert "sideways" in result.output and "disaggregated" in result.output
+    assert not (tmp_path / "run").exists()  # nothing was started
+
+
+def test_output_tokens_are_summed_from_the_output_lines(tmp_path: Path) -> None:
+    path = tmp_path / "job.jsonl"
+    lines = [{"custom_id": f"p{i}", "response": {"body": {"usage": {"completion_tokens": n}}}} for i, n in enumerate((3, 16, 48))]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines) + "\n")
+    assert _output_tokens(path) == 67
+
+
+@pytest.mark.kafka
+def test_bench_sink_measures_the_sink_loop_on_a_real_broker(bootstrap: str) -> None:
+    # a subprocess: chdb allows one engine per process, and the bench opens its own
+    out = subprocess.run([sys.executable, "-m", "phaseroute.cli.main", "bench", "sink", "--json", "--seconds", "3", "--rate", "20"],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["poll_rule"] == "wait" and report["records"] >= 20 and report["inserts"] >= 1
+    assert 0 < report["loop_share_of_a_core"] < 1 and report["insert_cpu_ms_per_record"] > 0
