@@ -76,7 +76,7 @@ class LoopConfig:
 class WorkerLoop:
     """Runs a handler against Kafka until stopped."""
 
-    def __init__(self, config: LoopConfig, handler: Handler, on_tick: Callable[["WorkerLoop"], None] | None = None) -> None:
+    def __init__(self, config: LoopConfig, handler: Handler, on_tick: Callable[[WorkerLoop], None] | None = None) -> None:
         self.config = config
         self.handler = handler
         self.producer = TrackedProducer(config.bootstrap, config.client_id)
@@ -154,7 +154,7 @@ class WorkerLoop:
                 refused.append((tp, msg.offset(), decoded.dead_letter))
                 continue
             items.append(WorkItem(tp, msg.offset(), decoded.kind, decoded.record, now, msg.timestamp()[1] / 1000.0))
-        for tp, offset, dead in refused:
+        for tp, _offset, dead in refused:
             self.producer.produce(DEADLETTER_TOPIC, tp[0], serde.encode("dead_letter", dead))
         if refused:
             self.producer.flush_or_raise()

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from phaseroute.schemas.enums import Phase
+
 log = logging.getLogger(__name__)
 EFFICIENT_SHARE = 0.9  # of the best measured prefill tokens/s
 
@@ -78,13 +80,14 @@ def load_prefill_curve(bootstrap: str, topic: str, model: str, pool: str, varian
                     continue
                 try:
                     _, row = serde.decode(msg.value(), "profile_row")
-                except Exception as exc:  # noqa: BLE001 - a bad row elsewhere must not stop a worker's start
+                except Exception as exc:
                     log.debug("skipping an undecodable profile row: %s", exc)
                     continue
-                if (row["model"], str(row["phase"]), row["pool"], row["variant"]) == (model, "PREFILL", pool, variant) and row["batch_curve"]:
+                key = (row["model"], str(row["phase"]), row["pool"], row["variant"])
+                if key == (model, Phase.PREFILL.value, pool, variant) and row["batch_curve"]:
                     if best is None or row["updated_at"] >= best["updated_at"]:
                         best = row
-    except Exception as exc:  # noqa: BLE001 - no profile yet is normal at a pool's first start
+    except Exception as exc:
         log.info("no prefill profile for pool %r (%s); the configured token budget stays", pool, exc)
     finally:
         consumer.close()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from phaseroute.consumers.handler import Completion, Output, WorkItem
@@ -133,7 +133,7 @@ def _row(record: dict[str, Any]) -> dict[str, Any]:
     row = {}
     for key, value in record.items():
         if key in TIMESTAMP_COLUMNS and isinstance(value, int):
-            value = datetime.fromtimestamp(value / 1000, tz=timezone.utc)
+            value = datetime.fromtimestamp(value / 1000, tz=UTC)
         elif hasattr(value, "name") and not isinstance(value, str):
             value = value.name
         row[key] = value

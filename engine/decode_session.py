@@ -99,7 +99,8 @@ class TorchDecodeSession:
         self.executor.check_admission(meta.prompt_len, request.max_tokens, request.request_id)
         total = meta.prompt_len + request.max_tokens
         first_lp = [request.first_logprobs] if (self.return_logprobs and request.first_logprobs) else ([] if self.return_logprobs else None)
-        seq = _Running(request.request_id, meta.prompt_len, request.max_tokens, time.perf_counter(), [request.first_token], logprobs=first_lp)
+        seq = _Running(request.request_id, meta.prompt_len, request.max_tokens, time.perf_counter(), [request.first_token],
+                       logprobs=first_lp)
         if request.probe is not None:
             seq.probe = request.probe
             seq.trace = [request.first_trace] if request.first_trace is not None else []

@@ -173,7 +173,8 @@ class PagedStep(Cache):
         if self.contiguous:
             self.table = torch.tensor(kv.blocks.tables[kv.row_ids[0]].blocks, dtype=torch.long, device=kv.device)
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: object,
+               **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
         kv, dim, hw = self.kv, self.kv.head_dim, self.high_water
         # index_copy_ along a flat (block, head, offset) axis: ~10 us; advanced-index assignment takes ms on CPU
         kv.keys[layer_idx].view(-1, dim).index_copy_(0, self.flat_index, key_states.reshape(-1, dim))

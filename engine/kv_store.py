@@ -14,14 +14,14 @@ from __future__ import annotations
 import mmap
 import os
 import re
-from pathlib import Path
 from collections.abc import Sequence
-from typing import Any, Protocol, Union, runtime_checkable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from phaseroute.engine.errors import KVNotFoundError
 
 SUFFIX = ".kv"
-Blob = Union[bytes, bytearray, memoryview, Sequence[Any]]  # one buffer, or kv_codec.encode_parts()
+Blob = bytes | bytearray | memoryview | Sequence[Any]  # one buffer, or kv_codec.encode_parts()
 _KEY = re.compile(r"^[A-Za-z0-9._=-]+(/[A-Za-z0-9._=-]+)*$")
 
 

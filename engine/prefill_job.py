@@ -68,7 +68,8 @@ class PrefillJob:
         ex, device = self.ex, self.ex.device
         whole = start == 0 and end == self.longest
         mask = None if self.uniform else self.mask[:, :end].to(device)
-        kwargs: dict[str, Any] = {} if whole else {"position_ids": torch.arange(start, end, device=device)[None].expand(len(self.encoded), -1)}
+        positions = None if whole else torch.arange(start, end, device=device)[None].expand(len(self.encoded), -1)
+        kwargs: dict[str, Any] = {} if positions is None else {"position_ids": positions}
         with torch.inference_mode():
             hidden = ex.decoder(
                 input_ids=self.input_ids[:, start:end].to(device), attention_mask=mask, use_cache=True,

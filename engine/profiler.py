@@ -20,7 +20,7 @@ import statistics
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import psutil
@@ -109,7 +109,7 @@ def _cell(phase: str, batch: int, seq_len: int, latencies: list[float], tokens_p
         "latency_s": statistics.mean(latencies), "latency_p50_s": statistics.median(latencies),
         "tokens_per_s": tokens_per_s, "memory_bytes_per_token": float(mem_per_token),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "at": datetime.now(timezone.utc),
+        "at": datetime.now(UTC),
     }
 
 

@@ -88,7 +88,9 @@ class TorchExecutor:
         return self._require_tokenizer().encode(item.prompt, add_special_tokens=False)
 
     def decode_text(self, token_ids: list[int]) -> str:
-        return "" if self.tokenizer is None else self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def check_admission(self, prompt_tokens: int, max_tokens: int, request_id: str = "") -> None:
         """Refuse (before any work) what cannot fit: the context window or the KV budget."""

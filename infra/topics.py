@@ -116,21 +116,30 @@ def _control(name: str, kind: str, key: str, doc: str, **kw: object) -> TopicSpe
 STATIC_TOPICS: tuple[TopicSpec, ...] = (
     _control(JOBS_SUBMITTED, "job_submitted", "job_id", "Jobs as producers submit them (idempotent by job_id)."),
     _control(JOBS_COMMANDS, "job_command", "job_id", "Operator/tenant commands on a job (cancel)."),
-    _control(JOBS_EVENTS, "job_event", "job_id", "Every job life-cycle event: admitted, rejected + reason, progress, done.", retention_ms=30 * DAY_MS),
-    _control(JOBS_STATE, "job_event", "job_id", "Latest event per job (compacted): job state rebuilt after any restart.", compacted=True, retention_ms=-1),
+    _control(JOBS_EVENTS, "job_event", "job_id",
+             "Every job life-cycle event: admitted, rejected + reason, progress, done.", retention_ms=30 * DAY_MS),
+    _control(JOBS_STATE, "job_event", "job_id",
+             "Latest event per job (compacted): job state rebuilt after any restart.", compacted=True, retention_ms=-1),
     _control(REQUESTS_PENDING, "request", "tenant", "Admitted requests waiting for the fair scheduler."),
     _control(KV_READY, "kv_ready", "job_id", "Prefill finished: where the KV blob is, its size and checksum."),
     _control(RESULTS, "result", "job_id", "One result per finished attempt (dedup by request_id downstream)."),
-    _control(RESULTS_WRITTEN, "output_written", "job_id", "The result sink's receipts: a job's output lines fsynced so far; the job completes on them."),
+    _control(RESULTS_WRITTEN, "output_written", "job_id",
+             "The result sink's receipts: a job's output lines fsynced so far; the job completes on them."),
     _control(ATTEMPTS_FAILED, "attempt_failed", "job_id", "A failed attempt (KV corrupt or lost, worker error) for the tracker to retry."),
     TopicSpec(TELEMETRY_PHASE, 2, "phase_telemetry", "pool", "One record per executed batch, for ClickHouse."),
     TopicSpec(POOLS_HEARTBEAT, 1, "pool_heartbeat", "worker_id", "Worker liveness, queue depth, memory.", retention_ms=DAY_MS),
-    TopicSpec(PROFILES, 1, "profile_row", "model|phase|pool|variant", "Measured profile rows (compacted) the router joins against.", compacted=True, retention_ms=-1),
-    TopicSpec(CANARY_RESULTS, 1, "result", "job_id", "Results of drift canaries (tenant _canary), for the drift monitor; real results go to results.", retention_ms=DAY_MS),
-    TopicSpec(TELEMETRY_DRIFT, 1, "drift_measurement", "model|prefill_pool|decode_pool", "Canary drift per path and round (drift monitor), for ClickHouse.", retention_ms=30 * DAY_MS),
-    TopicSpec(QUALITY_ALERTS, 1, "quality_alert", "model|prefill_pool|decode_pool", "Paths demoted from, or restored to, EXACT-tier work by the drift monitor.", retention_ms=30 * DAY_MS),
-    TopicSpec(TENANTS, 1, "tenant", "tenant name", "The tenant registry (compacted): weights, quotas and hashed API keys per tenant.", compacted=True, retention_ms=-1),
-    TopicSpec(DEADLETTER, 1, "dead_letter", "source topic", "Undecodable or invalid messages, each with its reason.", retention_ms=30 * DAY_MS),
+    TopicSpec(PROFILES, 1, "profile_row", "model|phase|pool|variant",
+              "Measured profile rows (compacted) the router joins against.", compacted=True, retention_ms=-1),
+    TopicSpec(CANARY_RESULTS, 1, "result", "job_id",
+              "Results of drift canaries (tenant _canary), for the drift monitor; real results go to results.", retention_ms=DAY_MS),
+    TopicSpec(TELEMETRY_DRIFT, 1, "drift_measurement", "model|prefill_pool|decode_pool",
+              "Canary drift per path and round (drift monitor), for ClickHouse.", retention_ms=30 * DAY_MS),
+    TopicSpec(QUALITY_ALERTS, 1, "quality_alert", "model|prefill_pool|decode_pool",
+              "Paths demoted from, or restored to, EXACT-tier work by the drift monitor.", retention_ms=30 * DAY_MS),
+    TopicSpec(TENANTS, 1, "tenant", "tenant name",
+              "The tenant registry (compacted): weights, quotas and hashed API keys per tenant.", compacted=True, retention_ms=-1),
+    TopicSpec(DEADLETTER, 1, "dead_letter", "source topic",
+              "Undecodable or invalid messages, each with its reason.", retention_ms=30 * DAY_MS),
 )
 
 # The control plane's Faust tables, changelog-backed. Provisioned with the rest (compacted, as many
@@ -160,16 +169,6 @@ def check_pool_name(pool: str) -> str:
     if not POOL_NAME.match(pool):
         raise ValueError(f"pool name {pool!r} must match {POOL_NAME.pattern} (lower case, digits, '-')")
     return pool
-
-
-def prefill_topic(pool: str) -> str:
-    """The topic of ``pool``'s prefill (and colocated) work."""
-    return f"prefill.{check_pool_name(pool)}"
-
-
-def decode_topic(pool: str) -> str:
-    """The topic of ``pool``'s decode work."""
-    return f"decode.{check_pool_name(pool)}"
 
 
 def pool_topics(pool: str, partitions: int = POOL_PARTITIONS) -> tuple[TopicSpec, ...]:

@@ -106,7 +106,7 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _local_broker_by_default(self) -> "Settings":
+    def _local_broker_by_default(self) -> Settings:
         if not self.bootstrap_servers:
             self.bootstrap_servers = f"localhost:{self.kafka_port}"
             self._external_kafka = False

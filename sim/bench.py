@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
-from phaseroute.streams import policy as P
 from phaseroute.sim.engine import SimConfig, Simulator
 from phaseroute.sim.runner import make_driver, prepare
+from phaseroute.streams import policy as P
 
 # Entry points the driver calls (a few per request at most): a timer costs well under a
 # microsecond a call, so it does not distort the wall time it is measuring. Calls made inside

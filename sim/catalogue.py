@@ -79,7 +79,7 @@ class Catalogue:
         except KeyError:
             raise SpecError(f"{where}unknown model {name!r}; known: {sorted(self.models)}") from None
 
-    def merged(self, other: "Catalogue") -> "Catalogue":
+    def merged(self, other: Catalogue) -> Catalogue:
         return Catalogue({**self.accelerators, **other.accelerators}, {**self.models, **other.models})
 
 

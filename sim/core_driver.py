@@ -32,9 +32,22 @@ from phaseroute.sim.perfmodel import InstancePerf
 from phaseroute.sim.telemetry import DECODE
 from phaseroute.streams import policy as P
 from phaseroute.streams.core import (
-    AttemptFailed, ControlCore, CoreConfig, CoreStore, Dispatch, FailRequest, FleetObserved, JobChanged, JobSubmitted,
+    AttemptFailed,
+    ControlCore,
+    CoreConfig,
+    CoreStore,
+    Dispatch,
+    FailRequest,
+    FleetObserved,
+    JobChanged,
+    JobSubmitted,
     KvReady,
-    OutputWritten, Problem, ProfilesUpdated, PromptSize, QueueRequest, ResultReceived,
+    OutputWritten,
+    Problem,
+    ProfilesUpdated,
+    PromptSize,
+    QueueRequest,
+    ResultReceived,
 )
 
 PROFILE_CONTEXT = 1024       # context of the start-up microbenchmark (decode)

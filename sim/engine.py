@@ -28,17 +28,34 @@ from collections import deque
 from dataclasses import dataclass
 
 from phaseroute.sim.disruptions import Disruptions
+from phaseroute.sim.events import (  # noqa: F401  (the statuses are re-exported for drivers and tests)
+    ARRIVE,
+    CANCELLED,
+    DECODE,
+    DEFERRED,
+    DONE,
+    FLEET,
+    GAVE_UP,
+    LOST,
+    NEW,
+    PREFILL,
+    QUEUED_DECODE,
+    QUEUED_PREFILL,
+    REFRESH,
+    RELEASE,
+    RETRY,
+    SAMPLE,
+    TICK,
+    TRANSFER,
+    WAKE,
+    XFER,
+)
 from phaseroute.sim.fleet import Fleet, SimPool
 from phaseroute.sim.instance import Instance
 from phaseroute.sim.sampling import Sampling
 from phaseroute.sim.speculation import Speculation
 from phaseroute.sim.telemetry import Telemetry
 from phaseroute.sim.workload import Workload
-
-from phaseroute.sim.events import (  # noqa: F401  (the statuses are re-exported for drivers and tests)
-    ARRIVE, CANCELLED, DECODE, DEFERRED, DONE, FLEET, GAVE_UP, LOST, NEW, PREFILL, QUEUED_DECODE, QUEUED_PREFILL,
-    REFRESH, RELEASE, RETRY, SAMPLE, TICK, TRANSFER, WAKE, XFER,
-)
 
 
 @dataclass(frozen=True)
@@ -151,7 +168,7 @@ class Simulator(Disruptions, Sampling, Speculation):
         self.seq += 1
         heapq.heappush(self.heap, (t, self.seq, kind, a, b))
 
-    def run(self) -> "Simulator":
+    def run(self) -> Simulator:
         w = self.w
         for j in range(w.n_jobs):
             self.push(float(w.job_submit[j]), ARRIVE, j)

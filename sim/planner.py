@@ -112,7 +112,7 @@ def plan(w: Workload, catalogue: str | Path | dict | None = None, options: PlanO
                    "lp_instances": {k: round(v) for k, v in res.instances.items() if v > 0.5}}
                   for c, t, _, res in lp_rows]
     confirmed, seen = [], set()
-    for cost, types, pools, res in lp_rows:
+    for _cost, _types, pools, res in lp_rows:
         used = frozenset((k, round(v)) for k, v in res.instances.items() if v > 0.5)
         if used in seen:            # a larger type set whose solution leaves the extra types empty
             continue

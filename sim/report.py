@@ -17,13 +17,13 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from phaseroute.sim.capacity import CapacityOptions, capacity_study  # noqa: E402
-from phaseroute.sim.capacity_plot import plot_capacity  # noqa: E402
-from phaseroute.sim.engine import SimConfig  # noqa: E402
-from phaseroute.sim.runner import POLICIES, prepare, run_all  # noqa: E402
-from phaseroute.sim.scenarios import pool_loss, stale_profile  # noqa: E402
+from phaseroute.sim.capacity import CapacityOptions, capacity_study
+from phaseroute.sim.capacity_plot import plot_capacity
+from phaseroute.sim.engine import SimConfig
+from phaseroute.sim.runner import POLICIES, prepare, run_all
+from phaseroute.sim.scenarios import pool_loss, stale_profile
 
 
 def _plot_sweep(sweep: list[dict], key: str, ylabel: str, path: Path, with_bound: bool) -> None:

@@ -12,11 +12,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from phaseroute.sim.bound import deadline_bound, max_throughput
+from phaseroute.sim.core_driver import CoreDriver, PhaserouteOptions
 from phaseroute.sim.drivers import BASELINES
 from phaseroute.sim.engine import SimConfig, Simulator
 from phaseroute.sim.fleet import Fleet, load_fleet
 from phaseroute.sim.metrics import compact_series, compute_metrics
-from phaseroute.sim.core_driver import CoreDriver, PhaserouteOptions
 from phaseroute.sim.workload import Workload, WorkloadSpec, build_workload, load_workload_spec
 from phaseroute.streams.policy import RouterConfig
 

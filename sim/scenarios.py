@@ -55,7 +55,7 @@ def placement_share(series: list[dict], pool_names: tuple[str, ...], window_s: f
     out = []
     lo = 0
     acc_mine = acc_total = 0.0
-    for hi, (t, mine, total) in enumerate(counts):
+    for t, mine, total in counts:
         acc_mine += mine
         acc_total += total
         while counts[lo][0] <= t - window_s:

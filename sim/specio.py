@@ -123,7 +123,7 @@ class Fields:
             raise self._fail(key, f"must satisfy {lo} <= min <= max, got {value!r}")
         return a, b
 
-    def sub(self, key: str, default: Any = ...) -> "Fields":
+    def sub(self, key: str, default: Any = ...) -> Fields:
         value = self.raw(key, default)
         return Fields(value if value is not None else {}, f"{self.where}.{key}")
 

@@ -18,11 +18,25 @@ from typing import Any
 
 from phaseroute.schemas.enums import Phase, QualityTier
 from phaseroute.streams.core import (
-    ControlCore, CoreConfig, Dispatch, FleetObserved, JobSubmitted, ProfilesUpdated, PromptSize, QueueRequest,
+    ControlCore,
+    CoreConfig,
+    Dispatch,
+    FleetObserved,
+    JobSubmitted,
+    ProfilesUpdated,
+    PromptSize,
+    QueueRequest,
     ResultReceived,
 )
 from phaseroute.streams.policy import (
-    CurvePoint, FairConfig, ModelSpec, PoolState, ProfileRow, ProfileSource, ProfileTable, TenantQuota,
+    CurvePoint,
+    FairConfig,
+    ModelSpec,
+    PoolState,
+    ProfileRow,
+    ProfileSource,
+    ProfileTable,
+    TenantQuota,
 )
 
 MODEL = "bench-model"

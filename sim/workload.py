@@ -109,7 +109,7 @@ class Workload:
             "tenants": [{"name": t.name, "weight": t.weight, "priority": t.priority, "model": t.model} for t in self.tenants],
         }
 
-    def rescaled(self, factor: float) -> "Workload":
+    def rescaled(self, factor: float) -> Workload:
         """The same jobs submitted ``factor`` times faster (deadline durations unchanged)."""
         rel = self.job_deadline - self.job_submit
         submit = self.job_submit / factor

@@ -13,8 +13,17 @@ from phaseroute.infra import topics
 from phaseroute.schemas.enums import JobCommandKind, Phase, QualityTier
 from phaseroute.schemas.ids import attempt_id, job_event_id
 from phaseroute.streams.core import (
-    AttemptFailed, CancelRequested, Dispatch, FailRequest, JobChanged, JobSubmitted, KvReady, OutputWritten,
-    PromptSize, RequestQueued, ResultReceived,
+    AttemptFailed,
+    CancelRequested,
+    Dispatch,
+    FailRequest,
+    JobChanged,
+    JobSubmitted,
+    KvReady,
+    OutputWritten,
+    PromptSize,
+    RequestQueued,
+    ResultReceived,
 )
 from phaseroute.streams.policy import FailureKind
 

@@ -213,7 +213,7 @@ def _render(chunk: list[ParsedLine], model: ModelInfo, limits: IntakeLimits, sca
     for item in chunk:
         try:
             texts.append(model.render(item.prompt, item.messages))
-        except Exception as exc:  # noqa: BLE001  (any template error is the line's fault, not the job's)
+        except Exception as exc:
             _error(scan, LineError("invalid_messages", item.line, f"messages cannot be rendered: {exc}", "body.messages"), limits)
             texts.append(None)
     counts = _count([t for t in texts if t is not None], model)
@@ -229,7 +229,7 @@ def _render(chunk: list[ParsedLine], model: ModelInfo, limits: IntakeLimits, sca
         if scan.error_count:  # once the job is invalid, keep validating but stop spooling
             continue
         if spool is None:
-            spool = scan._spool = tempfile.TemporaryFile(prefix="phaseroute-intake-")  # noqa: SIM115 (closed by close())
+            spool = scan._spool = tempfile.TemporaryFile(prefix="phaseroute-intake-")
         data = text.encode("utf-8")
         spool.write(_LEN.pack(len(data)))
         spool.write(data)

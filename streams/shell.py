@@ -34,15 +34,25 @@ from phaseroute.schemas.deadletter import to_dead_letter
 from phaseroute.schemas.enums import DeadLetterStage, Phase
 from phaseroute.streams import edge
 from phaseroute.streams.core import (
-    AttemptFailed, ControlCore, Decision, Dispatch, FailRequest, FleetObserved, Forget, JobChanged, Problem,
-    ProfilesUpdated, PromptSize, QueueRequest,
+    AttemptFailed,
+    ControlCore,
+    Decision,
+    Dispatch,
+    FailRequest,
+    FleetObserved,
+    Forget,
+    JobChanged,
+    Problem,
+    ProfilesUpdated,
+    PromptSize,
+    QueueRequest,
 )
 from phaseroute.streams.core.events import Event
 from phaseroute.streams.edge import Send
 from phaseroute.streams.intake import IntakeLimits, IntakeScan, scan_job_input
 from phaseroute.streams.model_catalog import ModelInfo
-from phaseroute.streams.validation_report import write_validation_errors
 from phaseroute.streams.policy import FailureKind
+from phaseroute.streams.validation_report import write_validation_errors
 from phaseroute.streams.views import PoolView, ProfileView
 
 log = logging.getLogger(__name__)

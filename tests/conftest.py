@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported: see dev.sh
 
-from phaseroute.config import settings  # noqa: E402
+from phaseroute.config import settings
 
 
 @pytest.fixture(scope="session")

@@ -69,7 +69,7 @@ class _Peaks:
 
 
 def _start(procs: dict[str, subprocess.Popen], logs: Path, name: str, *args: str) -> None:
-    log = open(logs / f"{name}.log", "ab")  # noqa: SIM115 (the process writes it until stopped)
+    log = open(logs / f"{name}.log", "ab")
     procs[name] = subprocess.Popen([*CLI, *args], stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -163,7 +163,7 @@ def run_bench(settings: Settings, lines: int = 50_000, profile: bool = True, tim
                 if client.batches.retrieve(batch_id).status not in FINAL:
                     client.batches.cancel(batch_id)
                     _wait_status(client, batch_id, FINAL, 120)
-            except Exception as exc:  # noqa: BLE001  (report and go on stopping the processes)
+            except Exception as exc:
                 print(f"could not cancel {batch_id}: {exc}; cancel it with `phaseroute cancel`", file=sys.stderr)
         _stop_all(procs)
 

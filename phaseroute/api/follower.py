@@ -47,7 +47,7 @@ class Follower:
                 positions[partition] = offset + 1
                 try:
                     record = serde.decode(msg.value() or b"", self.kind)[1]
-                except Exception as exc:  # noqa: BLE001  (one bad record never stops the follower)
+                except Exception as exc:
                     log.warning("%s[%d]@%d skipped: %s", self.topic, partition, offset, exc)
                 else:
                     self.on_record(record)

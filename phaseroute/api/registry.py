@@ -21,8 +21,8 @@ from typing import Any
 
 from phaseroute.api.kafka_io import publish, read_latest
 from phaseroute.api.keys import hash_key, key_id_of, make_key, same_hash
-from phaseroute.infra.blobstore import check_tenant
 from phaseroute.infra import topics
+from phaseroute.infra.blobstore import check_tenant
 
 TOPIC = topics.TENANTS
 QUOTA_FIELDS = ("max_in_flight", "max_queued_tokens", "max_running_jobs")

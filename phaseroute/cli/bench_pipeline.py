@@ -24,7 +24,6 @@ import os
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import typer
@@ -48,7 +47,8 @@ def bench_pipeline(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     prompts: int = typer.Option(48, "--prompts", min=4, help="Number of prompts (mixed lengths, 16-48 output tokens)."),
     setups: str = typer.Option("colocated,disaggregated", "--setups", help="Comma list of: colocated, disaggregated."),
-    drift_interval_s: float = typer.Option(60.0, "--drift-interval-s", help="Drift monitor interval, as `phaseroute up` runs it (0: no monitor)."),
+    drift_interval_s: float = typer.Option(60.0, "--drift-interval-s",
+        help="Drift monitor interval, as `phaseroute up` runs it (0: no monitor)."),
     timeout_s: float = typer.Option(1800.0, "--timeout-s", help="Most seconds one set-up's job may take."),
 ) -> None:
     """Output tokens/s of the engine alone vs the live pipeline (colocated, disaggregated) and where the time goes."""

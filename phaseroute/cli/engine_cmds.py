@@ -25,15 +25,18 @@ bench_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Benchm
 
 def profile(
     pool: str = typer.Option(..., "--pool", help="Pool name the rows are recorded under."),
-    variant: str = typer.Option(None, "--variant", help="fp32 | bf16 | int8-dynamic | int8-weight (default: the pool name if it is a variant, else fp32)."),
+    variant: str = typer.Option(None, "--variant",
+        help="fp32 | bf16 | int8-dynamic | int8-weight (default: the pool name if it is a variant, else fp32)."),
     model: str = typer.Option("smollm2-135m", "--model", help="Model name."),
     threads: int = typer.Option(2, "--threads", min=1, help="torch intra-op threads."),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N."),
     backend: str = typer.Option("torch", "--backend", help="Executor backend (torch | vllm)."),
     quick: bool = typer.Option(False, "--quick", help="Small grid (well under a minute on 2 cores)."),
     write: bool = typer.Option(True, "--write/--no-write", help="Insert the rows into ClickHouse (engine_profile)."),
-    jsonl: Path = typer.Option(None, "--jsonl", help="Also write the rows to this JSON-lines file."),
-    if_missing: bool = typer.Option(False, "--if-missing", help="Measure only if ClickHouse holds no profile of this pool, variant, model and thread count."),
+    jsonl: Path = typer.Option(None, "--jsonl",
+        help="Also write the rows to this JSON-lines file."),
+    if_missing: bool = typer.Option(False, "--if-missing",
+        help="Measure only if ClickHouse holds no profile of this pool, variant, model and thread count."),
 ) -> None:
     """Microbenchmark prefill (batch x prompt length) and decode (batch x context) for one pool."""
     from phaseroute.engine.errors import EngineError

@@ -58,7 +58,7 @@ def tick_bench(
     if as_json:
         print(json.dumps(doc, indent=2))
         return
-    for name, row in (("queued", doc["queued"]), ("1,000 queued", doc["thousand_queued"])):
+    for row in (doc["queued"], doc["thousand_queued"]):
         typer.echo(f"{row['queued_at_start']:>7} waiting: tick p50 {row['tick_ms_p50']} ms, p99 {row['tick_ms_p99']} ms "
                    f"(outside the router p99 {row['outside_router_ms_p99']} ms; {row['dispatches_per_tick']} "
                    f"dispatches per tick at {row['router_us_per_dispatch']} us each)")

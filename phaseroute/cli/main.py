@@ -5,8 +5,18 @@ from __future__ import annotations
 import typer
 
 from phaseroute.cli import (
-    api_cmds, bench_pipeline, bench_sink, common, drift_cmds, engine_cmds, jobs_cmds, pools_cmd, query_cmd, sim_cmds,
-    stack, worker_cmds,
+    api_cmds,
+    bench_pipeline,
+    bench_sink,
+    common,
+    drift_cmds,
+    engine_cmds,
+    jobs_cmds,
+    pools_cmd,
+    query_cmd,
+    sim_cmds,
+    stack,
+    worker_cmds,
 )
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="phaseroute: offline LLM batch inference over Kafka.")

@@ -161,7 +161,8 @@ def requests_and_canaries(settings: Settings, job_id: str, submitted: float, sin
         "mean_waiting_s": _mean([a - b for a, b in zip(in_system, compute)]),  # queues, Kafka hops, control plane
         "kafka_hops_per_request": {"colocated": HOPS_COLOCATED, "disaggregated": HOPS_DISAGGREGATED},
         "requests_colocated": colocated, "requests_disaggregated": len(first) - colocated,
-        "kafka_messages_per_request": round((colocated * HOPS_COLOCATED + (len(first) - colocated) * HOPS_DISAGGREGATED) / max(1, len(first)), 2),
+        "kafka_messages_per_request": round((colocated * HOPS_COLOCATED + (len(first) - colocated) * HOPS_DISAGGREGATED)
+                                            / max(1, len(first)), 2),
         "canary_requests": len(canaries), "canary_prompt_tokens": canary_prompt, "canary_output_tokens": canary_out,
         "canary_share_of_prompt_tokens": round(canary_prompt / max(1, canary_prompt + job_prompt), 3),
         "canary_share_of_tokens": round((canary_prompt + canary_out) / max(1, canary_prompt + canary_out + job_prompt + job_out), 3),

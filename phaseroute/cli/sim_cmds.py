@@ -23,9 +23,8 @@ from collections.abc import Callable
 
 import typer
 
-from phaseroute.cli.fuzz_cmd import fuzz, tick_bench
-
 from phaseroute.cli.common import json_stdout
+from phaseroute.cli.fuzz_cmd import fuzz, tick_bench
 from phaseroute.sim.errors import SimError
 
 sim_app = typer.Typer(help="Fleet simulator: the phaseroute policy at fleet scale, against baselines and an LP bound.",
@@ -69,7 +68,9 @@ def sim(
     ctx: typer.Context,
     workload: str = typer.Option(None, "--workload", "-w", help=WORKLOAD_HELP),
     fleet: str = typer.Option(None, "--fleet", "-f", help=FLEET_HELP),
-    policy: str = typer.Option("all", "--policy", "-p", help="all, or a comma list of phaseroute, static-spec, rr, jsq, split (and phaseroute-poolkv, an ablation: the router sees only pools' summed free KV)."),
+    policy: str = typer.Option("all", "--policy", "-p",
+        help="all, or a comma list of phaseroute, static-spec, rr, jsq, split "
+             "(and phaseroute-poolkv, an ablation: the router sees only pools' summed free KV)."),
     load: float = typer.Option(None, "--load", help="Offered load as a fraction of the fleet's fluid capacity (overrides the spec)."),
     seed: int = typer.Option(None, "--seed", help="Seed of the workload draws and the simulation (default: the spec's)."),
     max_requests: int = typer.Option(None, "--max-requests", help="Keep only the first N requests."),

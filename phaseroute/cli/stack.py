@@ -15,7 +15,6 @@ from phaseroute.config import Settings
 from phaseroute.infra import cold_start, kafka_launcher, processes, provision, stack, topics
 from phaseroute.infra.pool_spec import POOL_SPEC_EXAMPLE, POOL_SPEC_FORM
 
-
 POOLS_HELP = (f"Also start the stack: pools as {escape(POOL_SPEC_FORM)},... (PHASE: prefill, decode or both; "
               f"THREADS per worker, default 1; WORKERS per pool, default 1), e.g. {POOL_SPEC_EXAMPLE}; or a YAML file.")
 
@@ -23,8 +22,10 @@ POOLS_HELP = (f"Also start the stack: pools as {escape(POOL_SPEC_FORM)},... (PHA
 def up(
     pools: str = typer.Option(None, "--pools", help=POOLS_HELP),
     tenants: Path = typer.Option(None, "--tenants", help="Tenant weights and quotas (YAML) for the control plane."),
-    profile: bool = typer.Option(True, "--profile/--no-profile", help="Give each new pool a cold-start profile (profile --quick) before it takes work."),
-    wait: bool = typer.Option(True, "--wait/--no-wait", help="Return only once every pool has a live worker and a profile (the first job is admitted)."),
+    profile: bool = typer.Option(True, "--profile/--no-profile",
+        help="Give each new pool a cold-start profile (profile --quick) before it takes work."),
+    wait: bool = typer.Option(True, "--wait/--no-wait",
+        help="Return only once every pool has a live worker and a profile (the first job is admitted)."),
     wait_s: float = typer.Option(600.0, "--wait-s", min=1.0, help="Longest wait for the pools to be ready."),
 ) -> None:
     """Start Kafka (unless --bootstrap-servers names a cluster), provision topics; with --pools also the
@@ -160,8 +161,9 @@ def list_topics(
             emit(rows)
     else:
         table = Table("topic", "partitions", "replication", "cleanup.policy", "retention.ms", "value (Avro)", "key", "status")
+        columns = ("topic", "partitions", "replication", "cleanup.policy", "retention.ms", "value", "key", "status")
         for r in rows:
-            table.add_row(*(str(r[k]) for k in ("topic", "partitions", "replication", "cleanup.policy", "retention.ms", "value", "key", "status")))
+            table.add_row(*(str(r[k]) for k in columns))
         print_table(table)
     if any(r["status"] != "ok" for r in rows):
         raise typer.Exit(1)

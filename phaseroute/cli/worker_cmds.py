@@ -22,11 +22,15 @@ def worker(
     max_batch_tokens: int = typer.Option(4096, "--max-batch-tokens", help="Prefill micro-batch: most prompt tokens."),
     max_wait_ms: float = typer.Option(50.0, "--max-wait-ms", help="Prefill micro-batch: longest wait of the first item."),
     max_decode_batch: int = typer.Option(32, "--max-decode-batch", help="Most sequences in the continuous decode batch."),
-    prefill_chunk_tokens: int = typer.Option(256, "--prefill-chunk-tokens", help="Colocated: padded prompt tokens per prefill chunk between decode steps."),
+    prefill_chunk_tokens: int = typer.Option(256, "--prefill-chunk-tokens",
+        help="Colocated: padded prompt tokens per prefill chunk between decode steps."),
     worker_id: str = typer.Option(None, "--worker-id"),
-    throttle_file: str = typer.Option(None, "--throttle-file", help="Fault injection: slow this worker by the factor in FILE (re-read every second)."),
-    inject_kv_bitflips: float = typer.Option(0.0, "--inject-kv-bitflips", help="Fault injection: flip this share of the bits of every KV blob this prefill worker hands over, CRC recomputed (drift tests)."),
-    inject_kv_bitflips_to: str = typer.Option(None, "--inject-kv-bitflips-to", help="Fault injection: corrupt only blobs for this decode pool (one path)."),
+    throttle_file: str = typer.Option(None, "--throttle-file",
+        help="Fault injection: slow this worker by the factor in FILE (re-read every second)."),
+    inject_kv_bitflips: float = typer.Option(0.0, "--inject-kv-bitflips",
+        help="Fault injection: flip this share of the bits of every KV blob this prefill worker hands over, CRC recomputed (drift tests)."),
+    inject_kv_bitflips_to: str = typer.Option(None, "--inject-kv-bitflips-to",
+        help="Fault injection: corrupt only blobs for this decode pool (one path)."),
 ) -> None:
     """Run one prefill, decode or colocated worker until SIGTERM."""
     from phaseroute.consumers.worker import WorkerOptions, build_phase_worker, run

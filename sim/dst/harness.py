@@ -28,13 +28,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phaseroute.schemas.enums import JobEventKind
-from phaseroute.sim.dst import invariants, scenario as sc
+from phaseroute.sim.dst import invariants
+from phaseroute.sim.dst import scenario as sc
 from phaseroute.sim.dst.fleet import FakeFleet
 from phaseroute.sim.dst.invariants import Ledger, Violation
 from phaseroute.sim.dst.store import JournalStore
 from phaseroute.streams.core import (
-    CancelRequested, ControlCore, Decision, Dispatch, FailRequest, FleetObserved, JobChanged, OutputWritten,
-    ProfilesUpdated, QueueRequest, ResultReceived,
+    CancelRequested,
+    ControlCore,
+    Decision,
+    Dispatch,
+    FailRequest,
+    FleetObserved,
+    JobChanged,
+    OutputWritten,
+    ProfilesUpdated,
+    QueueRequest,
+    ResultReceived,
 )
 from phaseroute.streams.core.events import Event
 from phaseroute.streams.policy import PathQuality, ProfileTable

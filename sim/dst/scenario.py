@@ -11,7 +11,14 @@ from phaseroute.schemas.enums import Phase, QualityTier
 from phaseroute.sim.dst.fleet import Faults, SimPool
 from phaseroute.streams.core import CoreConfig, JobSubmitted, PromptSize
 from phaseroute.streams.policy import (
-    CurvePoint, FairConfig, ModelSpec, PathQuality, ProfileRow, ProfileSource, ProfileTable, RetryConfig,
+    CurvePoint,
+    FairConfig,
+    ModelSpec,
+    PathQuality,
+    ProfileRow,
+    ProfileSource,
+    ProfileTable,
+    RetryConfig,
 )
 
 MODEL = "dst-model"

@@ -13,7 +13,13 @@ from dataclasses import dataclass, field, replace
 
 from phaseroute.schemas.ids import CANARY_TENANT
 from phaseroute.streams.policy import (
-    AdmissionConfig, FairConfig, ModelSpec, RetryConfig, RouterConfig, TenantQuota, _checks,
+    AdmissionConfig,
+    FairConfig,
+    ModelSpec,
+    RetryConfig,
+    RouterConfig,
+    TenantQuota,
+    _checks,
 )
 
 

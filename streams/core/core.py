@@ -31,8 +31,17 @@ from .config import CoreConfig
 from .decisions import Decision, Dispatch, FailRequest, Forget, Problem
 from .dispatcher import Dispatcher, Reports
 from .events import (
-    AttemptFailed, CancelRequested, Event, FleetObserved, JobSubmitted, KvReady, OutputWritten, ProfilesUpdated,
-    RequestQueued, ResultReceived, TenantsUpdated,
+    AttemptFailed,
+    CancelRequested,
+    Event,
+    FleetObserved,
+    JobSubmitted,
+    KvReady,
+    OutputWritten,
+    ProfilesUpdated,
+    RequestQueued,
+    ResultReceived,
+    TenantsUpdated,
 )
 from .jobs import JobBook, changed, output_whole
 from .state import Attempt, JobRecord, RequestState, RequestStatus

@@ -24,8 +24,19 @@ from dataclasses import dataclass, field, replace
 
 from phaseroute.schemas.enums import Phase
 from phaseroute.streams.policy import (
-    AttemptRecord, AttemptStatus, FailureKind, FairScheduler, FreeCapacity, GiveUp, NoPlacement, ProfileTable,
-    RequestWork, RouterState, give_up_unplaced, next_step, route,
+    AttemptRecord,
+    AttemptStatus,
+    FailureKind,
+    FairScheduler,
+    FreeCapacity,
+    GiveUp,
+    NoPlacement,
+    ProfileTable,
+    RequestWork,
+    RouterState,
+    give_up_unplaced,
+    next_step,
+    route,
 )
 
 from .config import CoreConfig

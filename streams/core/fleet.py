@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections import deque
 
-
 from phaseroute.schemas.enums import Phase
 from phaseroute.streams.policy import PoolState, ProfileTable, dead_pools
 
@@ -73,7 +72,7 @@ class FleetState:
 
     def age(self, now: float) -> None:
         """Forget failures older than the window (once per tick)."""
-        for pool, times in self._failures.items():
+        for times in self._failures.values():
             if times and now - times[0] > self.failure_window_s:
                 while times and now - times[0] > self.failure_window_s:
                     times.popleft()

@@ -27,7 +27,16 @@ from collections.abc import Mapping, Sequence
 from phaseroute.schemas.enums import JobEventKind, JobState
 from phaseroute.schemas.ids import job_id_problem
 from phaseroute.streams.policy import (
-    Admitted, BacklogJob, JobSpec, PoolState, ProfileTable, RejectCode, Rejected, TenantQuota, admit, format_time,
+    Admitted,
+    BacklogJob,
+    JobSpec,
+    PoolState,
+    ProfileTable,
+    RejectCode,
+    Rejected,
+    TenantQuota,
+    admit,
+    format_time,
 )
 
 from .config import CoreConfig

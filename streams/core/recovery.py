@@ -17,7 +17,11 @@ from dataclasses import replace
 
 from phaseroute.schemas.enums import Phase
 from phaseroute.streams.policy import (
-    InFlightAttempt, RunningAttempt, find_stragglers, redispatch_lost, straggler_limit_s,
+    InFlightAttempt,
+    RunningAttempt,
+    find_stragglers,
+    redispatch_lost,
+    straggler_limit_s,
 )
 
 from .decisions import Decision, Dispatch

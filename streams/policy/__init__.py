@@ -31,6 +31,13 @@ from .fairness import FairConfig, FairScheduler, FreeCapacity, Release, Schedule
 from .feasibility import QueuedWork, check_deadline, earliest_feasible_deadline
 from .lifecycle import AttemptStatus, FailureKind, attempt_id, job_transition_error, parse_attempt_id
 from .pool_loss import InFlightAttempt, Redispatch, dead_pools, redispatch_lost
+from .profile_builder import (
+    LinkAggregate,
+    PhaseAggregate,
+    ProfileBuilderConfig,
+    build_link_profiles,
+    build_profile_rows,
+)
 from .quality import (
     PathState,
     QualityAlertKind,
@@ -38,13 +45,6 @@ from .quality import (
     QualityState,
     QualityVerdict,
     path_quality,
-)
-from .profile_builder import (
-    LinkAggregate,
-    PhaseAggregate,
-    ProfileBuilderConfig,
-    build_link_profiles,
-    build_profile_rows,
 )
 from .retry import (
     AttemptRecord,

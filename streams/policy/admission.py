@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from enum import StrEnum
 
 from phaseroute.schemas import ids
@@ -127,7 +127,7 @@ class Admitted:
 
 def format_time(epoch_s: float) -> str:
     """A time for a user: ISO 8601 in UTC to the second (``2026-12-01T20:17:28+00:00``)."""
-    return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(timespec="seconds")
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="seconds")
 
 
 def request_id(job_id: str, custom_id: str) -> str:

@@ -31,7 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from phaseroute.schemas.enums import QualityAlertKind as QualityAlertKind, QualityState as QualityState
+from phaseroute.schemas.enums import QualityAlertKind as QualityAlertKind
+from phaseroute.schemas.enums import QualityState as QualityState
 
 from . import _checks
 from .types import PathQuality, ProfileTable

@@ -16,7 +16,9 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
 
-from phaseroute.schemas.enums import Phase as Phase, ProfileSource as ProfileSource, QualityTier as QualityTier
+from phaseroute.schemas.enums import Phase as Phase
+from phaseroute.schemas.enums import ProfileSource as ProfileSource
+from phaseroute.schemas.enums import QualityTier as QualityTier
 
 from . import _checks
 

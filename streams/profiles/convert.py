@@ -44,7 +44,7 @@ NO_THROUGHPUT = 1e-6  # a curve point must be positive: what a row without a cur
 def epoch_s(value: Any) -> float:
     """Seconds since the epoch from a datetime (naive = UTC) or a number of seconds."""
     if isinstance(value, dt.datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)).timestamp()
+        return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).timestamp()
     return float(value)
 
 

@@ -4,9 +4,6 @@ failure limiter, and tenant records -> fair-scheduler weights and quotas."""
 from __future__ import annotations
 
 import pytest
-from phaseroute.schemas.examples import example
-from phaseroute.streams.policy import TenantQuota
-from phaseroute.streams.tenant_config import tenant_settings
 
 from phaseroute.api.auth import FailureLimiter
 from phaseroute.api.batch_options import batch_options, check_metadata, window_seconds
@@ -19,6 +16,9 @@ from phaseroute.api.registry import (
     with_revoked,
 )
 from phaseroute.api.status_map import JobTrack, batch_status, timestamps
+from phaseroute.schemas.examples import example
+from phaseroute.streams.policy import TenantQuota
+from phaseroute.streams.tenant_config import tenant_settings
 
 
 def _event(state: str, at: int, total: int = 4, done: int = 0, failed: int = 0) -> dict:

@@ -23,10 +23,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from phaseroute.schemas.examples import example
-from phaseroute.schemas.ids import request_id
 
 from phaseroute.api.kafka_io import publish
+from phaseroute.schemas.examples import example
+from phaseroute.schemas.ids import request_id
 
 from ..streams.stack_fixture import CLI, LiveStack, profile_pools
 

@@ -56,6 +56,8 @@ CASES: dict[str, Case] = {
     "bench engine": Case(("bench", "engine", "--prompts", "8", "--threads", "1", "--json"), "model"),
     "drift measure": Case(("drift", "measure", "--variant", "fp32", "--threads", "1", "--json"), "model"),
     "status": Case(("status", "JOB", "--json"), elsewhere="tests/infra/test_stack_up.py::test_status_json_is_one_document"),
+    "bench sink": Case(("bench", "sink", "--json"), elsewhere="tests/infra/test_bench_pipeline_cli.py (3 s on a real broker)"),
+    "bench pipeline": Case(("bench", "pipeline", "--json"), elsewhere="a benchmark: it starts its own stacks (docs/throughput.md)"),
     "demo": Case(("demo", "--json"), elsewhere=".ci/run: the main job runs with --json and .ci/check_demo.py parses it"),
 }
 # commands whose output is always one JSON document (no flag)

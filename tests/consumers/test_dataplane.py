@@ -7,7 +7,6 @@ so `pytest -s` shows them; the issue note quotes them.
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess

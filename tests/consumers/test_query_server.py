@@ -14,6 +14,7 @@ import sys
 import time
 
 import pytest
+
 from phaseroute.consumers.query_server import QueryError, remote_query
 from phaseroute.consumers.sql_guard import QueryRefused, single_statement
 
@@ -43,7 +44,7 @@ def service(bootstrap: str, tmp_path_factory: pytest.TempPathFactory):
     port = _free_port()
     env = dict(os.environ, PHASEROUTE_HOME=str(home), PHASEROUTE_TELEMETRY_PORT=str(port),
                PHASEROUTE_QUERY_TIMEOUT_S="3", PHASEROUTE_BOOTSTRAP_SERVERS=bootstrap)
-    log = open(home / "telemetry.log", "wb")  # noqa: SIM115 (the service writes it until the module ends)
+    log = open(home / "telemetry.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "phaseroute.cli.main", "sink", "telemetry"], env=env,
                             stdout=log, stderr=subprocess.STDOUT)
     token_file = home / "secrets" / "query-token"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from phaseroute.consumers.handler import WorkItem
 from phaseroute.consumers.output_file import is_error_line, iter_part_lines
 from phaseroute.consumers.result_sink import RECEIPT_TOPIC, ResultSinkHandler

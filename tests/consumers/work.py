@@ -18,7 +18,8 @@ from phaseroute.streams.policy.lifecycle import attempt_id
 from phaseroute.streams.policy.types import Phase
 
 REPO = Path(__file__).resolve().parents[2]
-CHAT = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
+CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n")
 QUESTIONS = [
     "What is the capital of France?", "Name three colours of the rainbow.", "Explain what a queue is in one sentence.",
     "Write a haiku about rain.", "What is 12 times 7?", "Give me a tip for learning to cook.",

@@ -5,8 +5,18 @@ from __future__ import annotations
 
 from phaseroute.schemas.enums import Phase, QualityTier
 from phaseroute.streams.core import (
-    ControlCore, CoreConfig, DictStore, Dispatch, FailRequest, FleetObserved, JobSubmitted, OutputWritten, ProfilesUpdated,
-    PromptSize, QueueRequest, ResultReceived,
+    ControlCore,
+    CoreConfig,
+    DictStore,
+    Dispatch,
+    FailRequest,
+    FleetObserved,
+    JobSubmitted,
+    OutputWritten,
+    ProfilesUpdated,
+    PromptSize,
+    QueueRequest,
+    ResultReceived,
 )
 from phaseroute.streams.policy import CurvePoint, ModelSpec, PoolState, ProfileRow, ProfileSource, ProfileTable
 

@@ -9,7 +9,14 @@ import pytest
 
 from phaseroute.schemas.enums import Phase
 from phaseroute.streams.core import (
-    AttemptFailed, CancelRequested, Dispatch, FailRequest, KvReady, Problem, ProfilesUpdated, ResultReceived,
+    AttemptFailed,
+    CancelRequested,
+    Dispatch,
+    FailRequest,
+    KvReady,
+    Problem,
+    ProfilesUpdated,
+    ResultReceived,
 )
 from phaseroute.streams.policy import FailureKind
 from tests.core.fleet import admit, core, job, run_to_completion

@@ -37,7 +37,16 @@ from phaseroute.consumers.worker import WorkerOptions, build_phase_worker
 from phaseroute.infra import provision, topics
 from phaseroute.schemas import serde
 from phaseroute.streams.policy import (
-    CurvePoint, NoPlacement, Phase, ProfileRow, ProfileSource, QualityTier, RequestWork, RouterConfig, RouterState, route,
+    CurvePoint,
+    NoPlacement,
+    Phase,
+    ProfileRow,
+    ProfileSource,
+    QualityTier,
+    RequestWork,
+    RouterConfig,
+    RouterState,
+    route,
 )
 from phaseroute.streams.policy.quality import QualityConfig
 from phaseroute.streams.views import ProfileView, TopicFollower

@@ -8,11 +8,28 @@ from dataclasses import dataclass
 import pytest
 
 from phaseroute.streams.policy import (
-    CurvePoint, NoPlacement, PathQuality, Phase, PoolState, ProfileRow, ProfileSource, ProfileTable, QualityTier,
-    RequestWork, RouterConfig, RouterState, route,
+    CurvePoint,
+    NoPlacement,
+    PathQuality,
+    Phase,
+    PoolState,
+    ProfileRow,
+    ProfileSource,
+    ProfileTable,
+    QualityTier,
+    RequestWork,
+    RouterConfig,
+    RouterState,
+    route,
 )
 from phaseroute.streams.policy.quality import (
-    PathState, QualityAlertKind, QualityConfig, QualityState, exact_failures, path_quality, step,
+    PathState,
+    QualityAlertKind,
+    QualityConfig,
+    QualityState,
+    exact_failures,
+    path_quality,
+    step,
 )
 
 NOW = 10_000.0

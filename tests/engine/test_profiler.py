@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from phaseroute.engine.profiler import COLUMNS, QUICK, ProfileGrid, profile_executor
+from phaseroute.schemas.enums import Phase
 
 CLI = """
 import sys, typer
@@ -24,7 +25,8 @@ assert result.exit_code == 0, result.output
 from phaseroute.config import load_settings
 from phaseroute.infra.clickhouse import connect
 s = load_settings()
-print("ROWS", connect(s).query(f"SELECT count(), countIf(phase='DECODE'), min(tokens_per_s) > 0 FROM {s.clickhouse_database}.engine_profile").result_rows[0])
+sql = f"SELECT count(), countIf(phase='DECODE'), min(tokens_per_s) > 0 FROM {s.clickhouse_database}.engine_profile"
+print("ROWS", connect(s).query(sql).result_rows[0])
 """
 
 
@@ -35,14 +37,14 @@ def test_grid_rows_have_every_column(tiny: Any) -> None:
     for row in rows:
         assert set(row) == set(COLUMNS)
         assert row["tokens_per_s"] > 0 and row["latency_s"] > 0 and row["kv_bytes_per_token"] == 512
-    decode = [r for r in rows if r["phase"] == "decode"]
+    decode = [r for r in rows if r["phase"] == Phase.DECODE.value]
     assert {r["batch_size"] for r in decode} == {1, 3} and all(r["seq_len"] == 16 for r in decode)
     assert all(r["memory_bytes_per_token"] >= 512 for r in decode)  # allocated KV per live token
 
 
 def test_cells_beyond_context_are_skipped(tiny: Any) -> None:
     rows = profile_executor(tiny, "p", ProfileGrid((1,), (8, 300), (1,), (300,), decode_steps=1, repeats=1))
-    assert [(r["phase"], r["seq_len"]) for r in rows] == [("prefill", 8)]
+    assert [(r["phase"], r["seq_len"]) for r in rows] == [(Phase.PREFILL.value, 8)]
 
 
 def test_profile_cli_writes_rows_to_clickhouse(tmp_path: Path) -> None:

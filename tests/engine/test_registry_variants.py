@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+
 from phaseroute.engine.errors import BackendUnavailableError, UnknownNameError
 from phaseroute.engine.protocol import PrefillItem
 from phaseroute.engine.registry import BACKENDS, build_executor

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from phaseroute.cli.bench_pipeline import _output_tokens
+from phaseroute.cli.bench_pipeline import BENCH_TENANT, _output_tokens
 from phaseroute.cli.main import app
+from phaseroute.consumers.output_file import part_name
+from phaseroute.infra.blobstore import open_blob_store, output_prefix
 
 
 def test_an_unknown_setup_is_refused_naming_it(tmp_path: Path) -> None:
@@ -23,10 +25,12 @@ def test_an_unknown_setup_is_refused_naming_it(tmp_path: Path) -> None:
 
 
 def test_output_tokens_are_summed_from_the_output_lines(tmp_path: Path) -> None:
-    path = tmp_path / "job.jsonl"
+    store = open_blob_store(str(tmp_path))
     lines = [{"custom_id": f"p{i}", "response": {"body": {"usage": {"completion_tokens": n}}}} for i, n in enumerate((3, 16, 48))]
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines) + "\n")
-    assert _output_tokens(path) == 67
+    lines.append({"custom_id": "p0", "response": {"body": {"usage": {"completion_tokens": 3}}}})  # a replayed result
+    lines.append({"custom_id": "p9", "response": None, "error": {"code": "request_failed", "message": "x"}})
+    store.put(f"{output_prefix(BENCH_TENANT, 'job-1')}{part_name(0, 0)}", "".join(json.dumps(line) + "\n" for line in lines).encode())
+    assert _output_tokens(str(tmp_path), "job-1") == 67
 
 
 @pytest.mark.kafka

@@ -3,7 +3,7 @@
 import uuid
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from phaseroute.infra import provision, topics
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+
 from phaseroute.streams.policy import (
     CurvePoint,
     Phase,

@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
+
 from phaseroute.streams.policy import (
     Phase,
     PhaseAggregate,

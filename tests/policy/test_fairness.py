@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from phaseroute.streams.policy import FairConfig, FairScheduler, FreeCapacity, RequestWork
 
 COST = 500 + 2 * 100  # one request: 500 prompt + 2 x 100 output tokens

@@ -6,6 +6,7 @@ import random
 from collections import Counter
 
 import pytest
+
 from phaseroute.streams.policy import (
     LinkProfile,
     NoPlacement,

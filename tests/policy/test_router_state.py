@@ -6,6 +6,7 @@ import itertools
 import random
 
 import pytest
+
 from phaseroute.streams.policy import Phase, RouterConfig, RouterState, route
 
 CONFIG = RouterConfig(exploration_share=0.0, max_share_step=0.1)

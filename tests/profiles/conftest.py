@@ -44,7 +44,7 @@ def telemetry(batch_id: str, pool: str, phase: str, age_s: float, **fields: Any)
         "batch_size": 1, "tokens_in": 0, "tokens_out": 0, "seq_len_mean": 100.0, "seq_len_max": 100,
         "queue_wait_s": 0.0, "exec_time_s": 1.0, "steps": 1, "step_latency_s": 1.0, "step_latency_s_max": 1.0,
         "kv_bytes": 0, "kv_transfer_s": 0.0, "source_pool": None, "status": "OK", "error_class": None,
-        "at": dt.datetime.fromtimestamp(NOW - age_s, dt.timezone.utc),
+        "at": dt.datetime.fromtimestamp(NOW - age_s, dt.UTC),
     }
     unknown = set(fields) - set(row)
     assert not unknown, f"not telemetry columns: {unknown}"
@@ -81,4 +81,4 @@ def tel() -> SimpleNamespace:
 
 @pytest.fixture()
 def ts() -> Callable[[float], dt.datetime]:
-    return lambda age_s: dt.datetime.fromtimestamp(NOW - age_s, dt.timezone.utc)
+    return lambda age_s: dt.datetime.fromtimestamp(NOW - age_s, dt.UTC)

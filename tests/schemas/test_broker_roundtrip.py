@@ -32,7 +32,7 @@ def _produce_jobs(bootstrap: str, topic: str) -> dict[str, int]:
     producer = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random", "enable.idempotence": True})
     placed: dict[str, int] = {}
 
-    def delivered(err, msg) -> None:  # noqa: ANN001 - confluent-kafka callback signature
+    def delivered(err, msg) -> None:
         assert err is None, err
         placed[msg.key().decode()] = msg.partition()
 
@@ -65,7 +65,7 @@ def _run_faust(bootstrap: str, source: str, sink: str, dead: str, expected: int,
     seen: list[str] = []
 
     @app.agent(jobs)
-    async def admit(stream):  # noqa: ANN001, ANN202 - Faust agent signature
+    async def admit(stream):
         async for event in stream.events():
             msg = event.message
             if isinstance(event.value, Undecodable):

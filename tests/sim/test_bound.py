@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+
 from phaseroute.sim.bound import JobWork, LPPool, deadline_bound, max_throughput, solve
 from phaseroute.sim.fleet import FleetEvent, parse_fleet, with_events
 from phaseroute.sim.perfmodel import InstancePerf

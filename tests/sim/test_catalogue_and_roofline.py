@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from phaseroute.sim.catalogue import load_catalogue
 from phaseroute.sim.perfmodel import Efficiency, auto_tp, instance_perf
 

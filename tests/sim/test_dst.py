@@ -5,6 +5,7 @@ in the core; a failing log replays exactly and shrinks to a short one."""
 from __future__ import annotations
 
 import random
+
 import pytest
 
 from phaseroute.sim.dst import Harness, SeedFailure, replay, run_seed, scenario_for

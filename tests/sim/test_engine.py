@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+
 from phaseroute.sim.engine import DONE, SimConfig, Simulator
 from phaseroute.sim.runner import make_driver, prepare, run_policy
 
@@ -156,8 +157,8 @@ def test_a_request_stranded_by_a_pool_loss_gives_up_after_its_deadline(tmp_path)
     can hold it (42k KV tokens). phaseroute retries it until ``give_up_unplaced`` (a 60 s wait here,
     and the 10-minute deadline passed) fails it and its job; the run then ends instead of idling
     to its horizon. The other jobs meet their deadlines."""
-    from phaseroute.sim.fleet import parse_fleet
     from phaseroute.sim.core_driver import CoreDriver, PhaserouteOptions
+    from phaseroute.sim.fleet import parse_fleet
     from phaseroute.sim.workload import build_workload, parse_workload
     from phaseroute.streams.policy import RetryConfig
 

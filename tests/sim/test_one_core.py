@@ -12,8 +12,18 @@ from phaseroute.sim.runner import prepare, run_policy
 from phaseroute.streams import app as live_app
 from phaseroute.streams import edge
 from phaseroute.streams.core import (
-    AttemptFailed, ControlCore, Dispatch, FailRequest, FleetObserved, JobChanged, JobSubmitted, KvReady,
-    OutputWritten, ProfilesUpdated, RequestQueued, ResultReceived,
+    AttemptFailed,
+    ControlCore,
+    Dispatch,
+    FailRequest,
+    FleetObserved,
+    JobChanged,
+    JobSubmitted,
+    KvReady,
+    OutputWritten,
+    ProfilesUpdated,
+    RequestQueued,
+    ResultReceived,
 )
 from phaseroute.streams.shell import ControlShell
 
@@ -107,7 +117,7 @@ def test_one_recorded_log_gives_the_same_decisions_through_the_simulator_and_the
             captured: list[Any] = []
             handle = core.handle
 
-            def capture(ev: Any, at: float, handle: Any = handle) -> list[Any]:
+            def capture(ev: Any, at: float, handle: Any = handle, captured: list[Any] = captured) -> list[Any]:
                 out = handle(ev, at)
                 captured.extend(out)
                 return out

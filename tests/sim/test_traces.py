@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from phaseroute.sim.errors import TraceError
 from phaseroute.sim.traces import detect_format, read_trace
 
@@ -30,7 +31,8 @@ def test_other_files_in_both_formats(tmp_path):
     assert list(t.arrival_s) == [0.0, 4.0] and list(t.prompt_tokens) == [20, 10]
     assert list(t.output_tokens) == [1, 3]  # a 0 counts as the one token prefill emits
     jl = tmp_path / "trace.data"
-    jl.write_text('{"timestamp": 2000, "input_length": 7, "output_length": 2}\n\n{"timestamp": 500, "input_length": 9, "output_length": 4, "hash_ids": [1, 2]}\n')
+    jl.write_text('{"timestamp": 2000, "input_length": 7, "output_length": 2}\n\n'
+                  '{"timestamp": 500, "input_length": 9, "output_length": 4, "hash_ids": [1, 2]}\n')
     t = read_trace(jl)
     assert t.format == "mooncake-jsonl" and list(t.arrival_s) == [0.0, 1.5] and list(t.prefix_blocks) == [2, 0]
 
@@ -42,8 +44,10 @@ def test_other_files_in_both_formats(tmp_path):
     ("d.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n1.0,1.5e3x,2\n", "line 2: ContextTokens must be an integer"),
     ("e.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1, "input_length": 5\n', "line 2: not valid JSON"),
     ("f.jsonl", '{"timestamp": 0, "input_length": 5}\n', "line 1: missing field(s) ['output_length']"),
-    ("g.jsonl", '{"timestamp": -3, "input_length": 5, "output_length": 1}\n', "line 1: timestamp must be a number of milliseconds >= 0, got -3"),
-    ("h.jsonl", '{"timestamp": 0, "input_length": "many", "output_length": 1}\n', "line 1: input_length must be an integer >= 1, got 'many'"),
+    ("g.jsonl", '{"timestamp": -3, "input_length": 5, "output_length": 1}\n',
+     "line 1: timestamp must be a number of milliseconds >= 0, got -3"),
+    ("h.jsonl", '{"timestamp": 0, "input_length": "many", "output_length": 1}\n',
+     "line 1: input_length must be an integer >= 1, got 'many'"),
     ("i.jsonl", '[1, 2]\n', "line 1: unknown trace format"),
     ("j.csv", "time,prompt,output\n1,2,3\n", "line 1: unknown trace format"),
     ("k.csv", "\n\n", "the file is empty"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from phaseroute.sim.errors import SpecError
 from phaseroute.sim.fleet import load_fleet, parse_fleet
 from phaseroute.sim.runner import prepare

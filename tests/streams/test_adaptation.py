@@ -89,7 +89,7 @@ def test_router_moves_work_off_a_pool_slowed_at_run_time(bootstrap: str, tmp_pat
     late = [(s, n) for t, s, n in after if t >= 60 and n >= 5]  # bounded reaction time: 60 s after the slowdown
     assert share_before >= 0.3, f"both pools should share the work before the slowdown ({share_before:.2f})"
     assert len(late) >= 4, f"too few windows after the reaction time: {after}"
-    mean = lambda ws: sum(s * n for s, n in ws) / sum(n for _, n in ws)  # noqa: E731
+    mean = lambda ws: sum(s * n for s, n in ws) / sum(n for _, n in ws)
     # a 4x slower pool has 1/5 of the capacity: its share must fall well below an even split
     assert mean(late) <= 0.33 and mean(late) <= share_before - 0.1, f"slowed pool still gets {mean(late):.2f} ({after})"
     # no oscillation: the later half does not swing back toward the old share (binomial noise of

@@ -19,7 +19,7 @@ from phaseroute.infra.blobstore import BlobStore, output_prefix
 from phaseroute.schemas.ids import request_id
 from phaseroute.streams.core import ControlCore, DictStore
 from phaseroute.streams.model_catalog import load_model_info
-from phaseroute.streams.policy import CurvePoint, FairConfig, ModelSpec, Phase, ProfileRow, ProfileSource
+from phaseroute.streams.policy import CurvePoint, FairConfig, Phase, ProfileRow, ProfileSource
 from phaseroute.streams.profiles.convert import row_to_avro
 from phaseroute.streams.settings import core_config
 from phaseroute.streams.shell import ControlShell

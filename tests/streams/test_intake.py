@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
+
+from phaseroute.config import settings
 from phaseroute.infra.blobstore import BlobStore, file_key
 from phaseroute.streams.intake import IntakeLimits, scan_job_input
 from phaseroute.streams.model_catalog import load_model_info
-
-from phaseroute.config import settings
 
 pytestmark = pytest.mark.model
 MODEL = "smollm2-135m"
