@@ -155,7 +155,7 @@ def changelog_topic(table: str) -> str:
 
 CHANGELOG_TOPICS: tuple[TopicSpec, ...] = tuple(
     _control(changelog_topic(t), "faust-json", "table key", f"Changelog of the control plane's {t!r} table (Faust).",
-             compacted=True, retention_ms=-1)
+             compacted=True)  # the default retention, as Faust creates it (a compact-only topic never applies it)
     for t in CONTROL_TABLES
 )
 

@@ -1,5 +1,6 @@
 """Provisioning against the real broker: idempotent, and drift is an error."""
 
+import dataclasses
 import uuid
 
 import pytest
@@ -40,3 +41,10 @@ def test_existing_topic_with_other_partitions_is_a_clear_error(bootstrap: str, m
 def test_the_running_cluster_matches_the_whole_spec(bootstrap: str) -> None:
     # ./dev.sh test ran `phaseroute up`, which provisioned the spec; it must still match
     assert provision.provision(bootstrap, topics.all_topics()) == []
+
+
+def test_a_changelog_faust_created_itself_matches_the_spec(bootstrap: str, make_topic) -> None:
+    # a broker that ran the control plane before changelogs were provisioned: Faust made them
+    # compacted, at the table's partitions, with the broker's default retention
+    name = make_topic("changelog", partitions=topics.CONTROL_PARTITIONS, config={"cleanup.policy": "compact"})
+    assert provision.provision(bootstrap, [dataclasses.replace(topics.CHANGELOG_TOPICS[0], name=name)]) == []
