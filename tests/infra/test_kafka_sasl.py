@@ -110,7 +110,7 @@ def _run(args: list[str], env: dict[str, str], timeout_s: float = 120) -> subpro
 
 ROUND_TRIP = textwrap.dedent("""
     import sys, threading
-    from phaseroute.consumers.kafka_clients import TrackedProducer, make_consumer
+    from phaseroute.consumers.kafka_clients import TrackedProducer, new_consumer
     from phaseroute.schemas import serde
     from phaseroute.streams.views import TopicFollower
     bootstrap, topic = sys.argv[1], "deadletter"
@@ -119,7 +119,7 @@ ROUND_TRIP = textwrap.dedent("""
     producer = TrackedProducer(bootstrap, "sasl-test")
     producer.produce(topic, "k", serde.encode("dead_letter", record))
     producer.flush_or_raise()
-    consumer = make_consumer(bootstrap, "sasl-test-group", "sasl-test")
+    consumer = new_consumer(bootstrap, "sasl-test-group", "sasl-test")
     consumer.subscribe([topic])
     got = None
     for _ in range(60):
@@ -146,7 +146,7 @@ def test_every_client_reaches_a_sasl_cluster_with_the_client_config(sasl_broker:
     assert added.returncode == 0, added.stderr[-2000:]
     listed = _run([*CLI, "tenants", "list", "--json"], env)
     assert listed.returncode == 0, listed.stderr[-2000:]
-    assert [t["tenant"] for t in json.loads(listed.stdout)] == ["acme"]
+    assert [t["name"] for t in json.loads(listed.stdout)] == ["acme"]
 
     trip = _run([sys.executable, "-c", ROUND_TRIP, sasl_broker], env)
     assert trip.returncode == 0, trip.stderr[-2000:]
