@@ -72,7 +72,8 @@ class DecodeStage:
         self.pending_telemetry: list[Output] = []
 
     def fetch(self, item: WorkItem) -> Joining:
-        """Load the KV of a decode_work item (measured); raise KVIntegrityError/KVNotFoundError."""
+        """Load the KV of a decode_work item (measured); raise KVIntegrityError, KVNotFoundError
+        (also for a location outside this worker's store) or KVFormatError (KV this session cannot join)."""
         record = item.record
         started = time.time()
         blob = self.store.get(record["kv_location"])
@@ -95,6 +96,7 @@ class DecodeStage:
                    "prefill_time_s": record.get("prefill_time_s", 0.0), "colocated": False}
         request = DecodeRequest(record["request_id"], kv, record["first_token"], record["max_tokens"],
                                 probe=probe_of(record), first_trace=first_trace_of(record))
+        self.session.check_request(request)  # here, inside the handler's guard, not in a later step
         return Joining(item, request, context)
 
     def local(self, item: WorkItem, kv: KVCache, first_token: int, context: dict[str, Any],

@@ -19,6 +19,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
+from phaseroute.infra.kafka_security import with_cluster_config
+
 log = logging.getLogger(__name__)
 
 
@@ -27,7 +29,7 @@ class DeliveryError(RuntimeError):
 
 
 def producer_config(bootstrap: str, client_id: str) -> dict[str, Any]:
-    return {
+    return with_cluster_config({
         "bootstrap.servers": bootstrap,
         "client.id": client_id,
         "enable.idempotence": True,
@@ -36,7 +38,7 @@ def producer_config(bootstrap: str, client_id: str) -> dict[str, Any]:
         "linger.ms": 5,
         "compression.type": "lz4",  # Faust's aiokafka reads it through cramjam
         "message.max.bytes": 16 * 1024 * 1024,
-    }
+    })
 
 
 def consumer_config(bootstrap: str, group_id: str, client_id: str, **overrides: Any) -> dict[str, Any]:
@@ -55,7 +57,7 @@ def consumer_config(bootstrap: str, group_id: str, client_id: str, **overrides: 
         "max.poll.interval.ms": 600_000,
     }
     config.update(overrides)
-    return config
+    return with_cluster_config(config)
 
 
 class TrackedProducer:

@@ -43,7 +43,7 @@ from phaseroute.consumers.handler import Completion, Output, WorkItem
 from phaseroute.consumers.prefill_stage import MicroBatchLimits, PrefillStage
 from phaseroute.consumers.telemetry_records import BatchCounter, WorkerTag
 from phaseroute.engine import kv_codec
-from phaseroute.engine.errors import EngineError, KVIntegrityError, KVNotFoundError
+from phaseroute.engine.errors import EngineError, KVFormatError, KVIntegrityError, KVNotFoundError
 from phaseroute.engine.protocol import FinishedSequence, KVCache, PrefillResult
 from phaseroute.infra.topics import ATTEMPTS_FAILED_TOPIC, CANARY_RESULTS_TOPIC, KV_READY_TOPIC, RESULTS_TOPIC, decode_topic
 from phaseroute.streams.policy.lifecycle import attempt_id
@@ -198,7 +198,7 @@ class PhaseHandler:
                 return Completion(item, dead_letter_reason=f"pool {self.spec.pool!r} does not decode", error_class="WrongPhase")
             try:
                 self.decode.enqueue(self.decode.fetch(item))
-            except (KVIntegrityError, KVNotFoundError) as exc:
+            except (KVIntegrityError, KVNotFoundError, KVFormatError) as exc:
                 return Completion(item, [self._attempt_failed(item, Phase.DECODE, exc, retryable=True)])
             except EngineError as exc:
                 return Completion(item, dead_letter_reason=str(exc), error_class=type(exc).__name__)

@@ -60,10 +60,12 @@ def load_prefill_curve(bootstrap: str, topic: str, model: str, pool: str, varian
     """The batch curve of the newest PREFILL row for (model, pool, variant) on ``topic``; [] if none in time."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+    from phaseroute.infra.kafka_security import with_cluster_config
     from phaseroute.schemas import serde
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"phaseroute.budget.{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    consumer = Consumer(with_cluster_config({
+        "bootstrap.servers": bootstrap, "group.id": f"phaseroute.budget.{uuid.uuid4().hex[:8]}",
+        "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "earliest"}))
     best: dict[str, Any] | None = None
     try:
         meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from phaseroute.engine.errors import KVBudgetError
+from phaseroute.engine.errors import KVBudgetError, KVFormatError
 from phaseroute.engine.kv_cache import DEFAULT_BLOCK_SIZE, PagedKV
 from phaseroute.engine.protocol import DecodeRequest, FinishedSequence, PositionTrace, StepStats, TokenLogprobs, TokenProbe
 
@@ -95,7 +95,7 @@ class TorchDecodeSession:
 
     def add(self, request: DecodeRequest) -> None:
         meta = request.kv.meta
-        self._check_meta(request)
+        self.check_request(request)
         self.executor.check_admission(meta.prompt_len, request.max_tokens, request.request_id)
         total = meta.prompt_len + request.max_tokens
         first_lp = [request.first_logprobs] if (self.return_logprobs and request.first_logprobs) else ([] if self.return_logprobs else None)
@@ -201,14 +201,15 @@ class TorchDecodeSession:
             seq.prompt_len, seq.steps, time.perf_counter() - seq.joined_at, seq.logprobs, seq.trace,
         )
 
-    def _check_meta(self, request: DecodeRequest) -> None:
+    def check_request(self, request: DecodeRequest) -> None:
+        """KVFormatError unless the request's KV is of this session's model, dtype and layout."""
         meta, ex = request.kv.meta, self.executor
         want = (ex.model_name, ex.config.dtype, ex.num_layers, ex.kv_heads, ex.head_dim)
         got = (meta.model, meta.dtype, meta.num_layers, meta.kv_heads, meta.head_dim)
         if got != want:
-            raise ValueError(
+            raise KVFormatError(
                 f"request {request.request_id!r}: KV is (model, dtype, layers, kv_heads, head_dim)={got}, "
                 f"this session runs {want}"
             )
         if request.first_token != meta.first_token:
-            raise ValueError(f"request {request.request_id!r}: first_token {request.first_token} != KV meta {meta.first_token}")
+            raise KVFormatError(f"request {request.request_id!r}: first_token {request.first_token} != KV meta {meta.first_token}")

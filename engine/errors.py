@@ -24,7 +24,16 @@ class KVIntegrityError(EngineError):
 
 
 class KVNotFoundError(EngineError):
-    """No blob at the given store location (expired, never written, or wrong store)."""
+    """No blob at the given store location (expired, never written, or wrong store), or a
+    location outside this worker's store, which is never opened."""
+
+    retryable = True
+
+
+class KVFormatError(EngineError):
+    """A KV blob of another model, dtype or layout than this session runs (or whose first token
+    disagrees with its own meta): it is never joined. Retryable: another decode pool, or a fresh
+    prefill, can run the request."""
 
     retryable = True
 

@@ -79,7 +79,7 @@ class DirKVStore:
     def _path(self, location: str) -> Path:
         path = Path(location.removeprefix("file://")).resolve()
         if not path.is_relative_to(self.root):
-            raise ValueError(f"KV location {location!r} is outside store {self.url!r}")
+            raise KVNotFoundError(f"KV location {location!r} is outside store {self.url!r}")
         return path
 
 
@@ -113,7 +113,7 @@ class FsspecKVStore:
 
     def _path(self, location: str) -> str:
         if not location.startswith(self.url + "/"):
-            raise ValueError(f"KV location {location!r} is outside store {self.url!r}")
+            raise KVNotFoundError(f"KV location {location!r} is outside store {self.url!r}")
         return f"{self.root}/{location[len(self.url) + 1:]}"
 
 

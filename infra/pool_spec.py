@@ -6,8 +6,11 @@ One grammar, used by ``phaseroute up --pools``, its help, its errors and the REA
     prefill-fp32=prefill:fp32,decode-int8=decode:int8-dynamic:2,colo-fp32=both:fp32x2
 
 PHASE is prefill, decode or both (colocated); VARIANT one of the engine's variants; THREADS the
-torch threads of each worker (default 1); WORKERS how many workers the pool starts (default 1).
-A YAML file with the same fields per pool name works too::
+torch threads of each worker; WORKERS how many workers the pool starts. What a pool leaves out
+comes from ``consumers.machine.plan_pools`` over the cores this process may use: the workers
+of all pools together use each core once (on 2 cores, three pools get 1 worker x 1 thread each;
+on 16 cores, one pool gets 4 workers x 4 threads). A YAML file with the same fields per pool
+name works too::
 
     colo-fp32: {phase: both, variant: fp32, threads: 1, workers: 2}
 """
@@ -42,7 +45,7 @@ class PoolSpec:
     name: str
     phase: str
     variant: str = "fp32"
-    threads: int = 1
+    threads: int = 1  # parse_pools plans what a spec leaves out; code that builds a PoolSpec says what it wants
     workers: int = 1
     max_decode_batch: int = 16
 
@@ -65,35 +68,56 @@ def _bad(part: str, why: str) -> ValueError:
     return ValueError(f"pool spec {part!r}: {why}; the form is {POOL_SPEC_FORM}, e.g. {POOL_SPEC_EXAMPLE}")
 
 
-def parse_one(part: str) -> PoolSpec:
-    """One ``NAME=PHASE:VARIANT[:THREADS][xWORKERS]``."""
+def _parse_one(part: str) -> tuple[str, dict[str, Any]]:
+    """One ``NAME=PHASE:VARIANT[:THREADS][xWORKERS]``: (the part, its fields; threads and workers None when left out)."""
     match = _ONE_POOL.match(part)
     if match is None:
         raise _bad(part, "no '=' after the pool name" if "=" not in part else "not in that form")
-    try:
-        return PoolSpec(match["name"], match["phase"], match["variant"], int(match["threads"] or 1), int(match["workers"] or 1))
-    except ValueError as exc:
-        raise _bad(part, str(exc)) from None
+    return part, {"name": match["name"], "phase": match["phase"], "variant": match["variant"],
+                  "threads": None if match["threads"] is None else int(match["threads"]),
+                  "workers": None if match["workers"] is None else int(match["workers"])}
 
 
-def parse_pools(spec: str) -> list[PoolSpec]:
-    """Pools from ``NAME=PHASE:VARIANT[:THREADS][xWORKERS],...`` or from a YAML file path."""
+def parse_pools(spec: str, cores: int | None = None) -> list[PoolSpec]:
+    """Pools from ``NAME=PHASE:VARIANT[:THREADS][xWORKERS],...`` or from a YAML file path; threads
+    and workers a pool leaves out are planned for ``cores`` (default: the cores this process may use)."""
     path = Path(spec)
     if path.suffix in (".yaml", ".yml", ".json"):
         if not path.exists():
             raise ValueError(f"pool file {spec!r} does not exist")
-        return _from_file(path)
-    pools = [parse_one(p) for p in (p.strip() for p in spec.split(",")) if p]
-    if not pools:
+        parts = _from_file(path)
+    else:
+        parts = [_parse_one(p) for p in (p.strip() for p in spec.split(",")) if p]
+    if not parts:
         raise ValueError(f"pool spec {spec!r} names no pool; the form is {POOL_SPEC_FORM}, e.g. {POOL_SPEC_EXAMPLE}")
-    names = [p.name for p in pools]
+    names = [given["name"] for _, given in parts]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ValueError(f"pool spec {spec!r} names pool(s) {', '.join(twice)} more than once")
+    return _planned(parts, cores)
+
+
+def _planned(parts: list[tuple[str, dict[str, Any]]], cores: int | None) -> list[PoolSpec]:
+    """PoolSpecs with the threads and workers ``plan_pools`` gives where a part names none
+    (each part is (where it came from, for errors; its fields))."""
+    from phaseroute.consumers.machine import plan_pools, usable_cores
+
+    fixed = {i: given["workers"] for i, (_, given) in enumerate(parts)
+             if isinstance(given.get("workers"), int) and not isinstance(given["workers"], bool) and given["workers"] >= 1}
+    shares = plan_pools(len(parts), usable_cores() if cores is None else cores, fixed)
+    pools = []
+    for (where, given), share in zip(parts, shares, strict=True):
+        planned = {"threads": share.threads, "workers": share.workers}
+        try:
+            pools.append(PoolSpec(**{**given, **{k: v for k, v in planned.items() if given.get(k) is None}}))
+        except (TypeError, ValueError) as exc:
+            if where.startswith("pool file "):
+                raise ValueError(f"{where}: {exc}") from None
+            raise _bad(where, str(exc)) from None
     return pools
 
 
-def _from_file(path: Path) -> list[PoolSpec]:
+def _from_file(path: Path) -> list[tuple[str, dict[str, Any]]]:
     data = yaml.safe_load(path.read_text())
     if not isinstance(data, dict) or not data:
         raise ValueError(f"pool file {path}: expected a mapping of pool name -> {{phase, variant, threads, workers}}")
@@ -105,5 +129,5 @@ def _from_file(path: Path) -> list[PoolSpec]:
         unknown = sorted(set(given) - allowed)
         if unknown:
             raise ValueError(f"pool file {path}: pool {name!r} has unknown field(s) {unknown}; known: {sorted(allowed)}")
-        pools.append(PoolSpec(str(name), **given))
+        pools.append((f"pool file {path}: pool {name!r}", {"name": str(name), **given}))
     return pools

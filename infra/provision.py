@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from phaseroute.infra.kafka_security import with_cluster_config
 from phaseroute.infra.topics import TopicMismatchError, TopicSpec
 
 CHECKED_CONFIGS = ("cleanup.policy", "retention.ms")
@@ -30,7 +31,7 @@ class TopicState:
 def admin_client(bootstrap: str) -> AdminClient:
     # log_level 4: librdkafka's warnings and errors, not its notices (a "Purging 1 unserved
     # events" line at every `phaseroute up` told a user nothing)
-    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
+    return AdminClient(with_cluster_config({"bootstrap.servers": bootstrap, "log_level": 4}))
 
 
 def describe(admin: AdminClient, names: Sequence[str], timeout_s: float = 15.0) -> dict[str, TopicState]:

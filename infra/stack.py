@@ -29,18 +29,19 @@ from phaseroute.infra import processes, provision, topics
 from phaseroute.infra.pool_spec import PHASES, POOL_SPEC_EXAMPLE, POOL_SPEC_FORM, PoolSpec, parse_pools
 
 __all__ = [
-    "DEMO_POOLS", "PHASES", "POOL_SPEC_EXAMPLE", "POOL_SPEC_FORM", "PoolSpec", "Progress", "check_running",
+    "DEMO_POOLS", "demo_pools", "PHASES", "POOL_SPEC_EXAMPLE", "POOL_SPEC_FORM", "PoolSpec", "Progress", "check_running",
     "parse_pools", "recorded_pools", "start", "wait_for", "wait_until_ready",
 ]
 
 Progress = Callable[[str], None]
 STACK_FILE = "stack.json"
 
-DEMO_POOLS = (
-    PoolSpec("prefill-fp32", "prefill", "fp32"),
-    PoolSpec("decode-int8", "decode", "int8-dynamic"),
-    PoolSpec("colo-fp32", "both", "fp32"),
-)
+DEMO_POOLS = "prefill-fp32=prefill:fp32,decode-int8=decode:int8-dynamic,colo-fp32=both:fp32"
+
+
+def demo_pools(cores: int | None = None) -> list[PoolSpec]:
+    """The demo's three pools, threads and workers planned for the machine (``cores``: this process's)."""
+    return parse_pools(DEMO_POOLS, cores)
 
 
 def _cli(*args: str) -> list[str]:

@@ -39,6 +39,7 @@ import faust
 from phaseroute.config import Settings
 from phaseroute.infra import topics
 from phaseroute.infra.blobstore import open_blob_store, output_prefix
+from phaseroute.infra.kafka_security import faust_credentials
 from phaseroute.infra.topics import CONTROL_PARTITIONS
 from phaseroute.schemas import faust_codec  # noqa: F401  (registers the phaseroute-avro codecs)
 from phaseroute.schemas.deadletter import to_dead_letter
@@ -82,7 +83,8 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
     infos = {m: load_model_info(m, settings.model_cache) for m in models}
     config = core_config(infos, tenants_file, tenant_records, **overrides)
     app = faust.App(
-        APP_ID, broker=f"kafka://{settings.bootstrap_servers}", store="memory://", web_enabled=False,
+        APP_ID, broker=f"kafka://{settings.bootstrap_servers}", broker_credentials=faust_credentials(settings.kafka_client_config), store="memory://",
+        web_enabled=False,
         topic_partitions=CONTROL_PARTITIONS, topic_replication_factor=1, consumer_auto_offset_reset="earliest",
         datadir=str(settings.home / "faust"),
     )

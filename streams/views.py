@@ -19,6 +19,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from phaseroute.infra.kafka_security import with_cluster_config
 from phaseroute.schemas.deadletter import Rejected, safe_decode
 from phaseroute.streams.policy import LinkProfile, PathQuality, Phase, PoolState, ProfileRow, ProfileTable
 from phaseroute.streams.profiles.convert import from_avro
@@ -29,8 +30,8 @@ class TopicFollower:
 
     def __init__(self, bootstrap: str, topic: str, kind: str, on_record: Callable[[dict[str, Any]], None]) -> None:
         self.topic, self.kind, self.on_record = topic, kind, on_record
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"view-{uuid.uuid4().hex}",
-                                  "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+        self.consumer = Consumer(with_cluster_config({"bootstrap.servers": bootstrap, "group.id": f"view-{uuid.uuid4().hex}",
+                                                      "enable.auto.commit": False, "fetch.wait.max.ms": 100}))
         self._stop = threading.Event()
         self.caught_up = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"follow-{topic}", daemon=True)

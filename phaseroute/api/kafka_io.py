@@ -37,10 +37,10 @@ def _unavailable(bootstrap: str, what: str, timeout_s: float) -> BrokerUnavailab
 def client_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
     """librdkafka settings: the cluster's security settings (``PHASEROUTE_KAFKA_CLIENT_CONFIG``)
     under the caller's own."""
-    from phaseroute.config import settings
+    from phaseroute.infra.kafka_security import with_cluster_config
 
-    return {**settings().kafka_client_config, "bootstrap.servers": bootstrap, "logger": _quiet,
-            "socket.connection.setup.timeout.ms": 5000, **extra}
+    return with_cluster_config({"bootstrap.servers": bootstrap, "logger": _quiet, "socket.connection.setup.timeout.ms": 5000,
+                                **extra})
 
 
 def publish(bootstrap: str, messages: Iterable[tuple[str, str, str, dict[str, Any]]], timeout_s: float = 30.0) -> None:

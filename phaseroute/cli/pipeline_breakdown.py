@@ -26,6 +26,7 @@ import psutil
 
 from phaseroute.config import Settings
 from phaseroute.infra import processes
+from phaseroute.infra.kafka_security import with_cluster_config
 from phaseroute.infra.topics import CANARY_RESULTS_TOPIC, RESULTS_TOPIC
 
 # topics a request crosses: jobs.submitted, requests.pending, prefill.<pool>, results, results.written
@@ -108,8 +109,9 @@ def _records(settings: Settings, topic: str, since: float, kind: str = "result")
 
     from phaseroute.cli.pools_cmd import read_since
 
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
+    consumer = Consumer(with_cluster_config({"bootstrap.servers": settings.bootstrap_servers,
+                                             "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+                                             "enable.auto.commit": False, "enable.partition.eof": True}))
     try:
         return read_since(consumer, topic, since, kind, timeout_s=20.0)
     finally:

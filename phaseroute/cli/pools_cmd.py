@@ -31,6 +31,7 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, 
 from confluent_kafka.admin import AdminClient
 
 from phaseroute.cli.common import console, current_settings, errors_as_messages, json_stdout, print_table
+from phaseroute.infra.kafka_security import with_cluster_config
 from phaseroute.infra.topics import POOL_NAME
 from phaseroute.schemas import serde
 
@@ -151,11 +152,12 @@ def collect(src: Sources, now: float, window_s: float = 60.0, only: list[str] | 
     and pools ``recorded`` by ``up`` (``PoolSpec``s; ``running`` names the live processes of the
     run dir); ``history`` adds the pools only topics and consumer groups remember. Phases are
     those the workers (or the spec) run, never a placeholder. ``only`` keeps the named pools."""
-    admin = AdminClient({"bootstrap.servers": src.bootstrap, "log_level": 4})
-    consumer = Consumer({"log_level": 4,
-        "bootstrap.servers": src.bootstrap, "group.id": f"phaseroute.pools-report.{os.getpid()}.{uuid.uuid4().hex[:6]}",
+    admin = AdminClient(with_cluster_config({"bootstrap.servers": src.bootstrap, "log_level": 4}))
+    consumer = Consumer(with_cluster_config({
+        "log_level": 4, "bootstrap.servers": src.bootstrap,
+        "group.id": f"phaseroute.pools-report.{os.getpid()}.{uuid.uuid4().hex[:6]}",
         "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "latest",
-    })
+    }))
     try:
         workers = worker_states(read_since(consumer, src.heartbeat_topic, now - window_s, "pool_heartbeat", src.timeout_s), now)
         telemetry = read_since(consumer, src.telemetry_topic, now - window_s, "phase_telemetry", src.timeout_s)

@@ -135,7 +135,7 @@ def print_summary(doc: dict[str, Any], console: Console) -> None:
 
 def run_demo(settings: Settings, as_json: bool, scale: float, timeout_s: float, profile: bool) -> dict[str, Any]:
     console = Console(stderr=True)
-    pools = list(stack.DEMO_POOLS)
+    pools = stack.demo_pools()
     started: list[str] = []
     own_kafka = False
     settings, stopped = isolation.isolate(settings)

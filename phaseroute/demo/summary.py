@@ -12,11 +12,12 @@ from confluent_kafka import Consumer
 from phaseroute.cli.drift_cmds import drift_summary
 from phaseroute.cli.pools_cmd import read_since
 from phaseroute.consumers.query_server import remote_query
+from phaseroute.infra.kafka_security import with_cluster_config
 
 
 def _consumer(bootstrap: str) -> Consumer:
-    return Consumer({"bootstrap.servers": bootstrap, "group.id": f"demo-summary-{uuid.uuid4().hex}",
-                     "enable.auto.commit": False, "enable.partition.eof": True})
+    return Consumer(with_cluster_config({"bootstrap.servers": bootstrap, "group.id": f"demo-summary-{uuid.uuid4().hex}",
+                                         "enable.auto.commit": False, "enable.partition.eof": True}))
 
 
 def job_rows(states: dict[str, dict[str, Any]], results: list[dict[str, Any]], job_ids: list[str]) -> list[dict[str, Any]]:

@@ -67,8 +67,10 @@ def test_bad_keys_are_refused(store: KVStore, key: str) -> None:
 
 def test_location_outside_store_is_refused(tmp_path: Path) -> None:
     store = open_store(str(tmp_path / "a"))
-    with pytest.raises(ValueError, match="outside store"):
+    with pytest.raises(KVNotFoundError, match="outside store"):
         store.get(f"file://{tmp_path}/b/x.kv")
+    with pytest.raises(KVNotFoundError, match="outside store"):
+        store.get("/etc/passwd")
 
 
 def test_blob_written_by_one_process_is_read_by_another(tmp_path: Path) -> None:

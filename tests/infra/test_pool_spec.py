@@ -22,7 +22,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
     ("w=both:int8-weight:3x4", PoolSpec("w", "both", "int8-weight", 3, 4)),
 ])
 def test_every_part_of_the_form_parses(spec: str, expected: PoolSpec) -> None:
-    assert parse_pools(spec) == [expected]
+    assert parse_pools(spec, cores=1) == [expected]  # one core: what a part leaves out plans to 1
 
 
 def test_the_example_parses() -> None:
@@ -48,6 +48,19 @@ def test_a_bad_spec_names_the_part_and_shows_the_form(spec: str, names: str) -> 
     assert f"pool spec {spec!r}" in str(err.value) and POOL_SPEC_FORM in str(err.value)
 
 
+@pytest.mark.parametrize(("spec", "cores", "planned"), [
+    ("p=prefill:fp32,d=decode:int8-dynamic,c=both:fp32", 2, [(1, 1), (1, 1), (1, 1)]),  # the demo on 2 cores
+    ("c=both:fp32", 2, [(2, 1)]),
+    ("c=both:fp32", 16, [(4, 4)]),
+    ("p=prefill:fp32,d=decode:fp32", 16, [(4, 2), (4, 2)]),
+    ("p=prefill:fp32x3,d=decode:fp32", 8, [(2, 3), (2, 1)]),  # fixed workers count towards the threads
+    ("p=prefill:fp32:6,d=decode:fp32", 8, [(6, 1), (4, 1)]),  # a pool's own threads are kept
+])
+def test_threads_and_workers_left_out_are_planned_for_the_cores(spec: str, cores: int,
+                                                                planned: list[tuple[int, int]]) -> None:
+    assert [(p.threads, p.workers) for p in parse_pools(spec, cores)] == planned
+
+
 def test_a_pool_named_twice_or_none_is_an_error() -> None:
     with pytest.raises(ValueError, match="names pool\\(s\\) a more than once"):
         parse_pools("a=both:fp32,a=decode:fp32")
@@ -59,6 +72,14 @@ def test_yaml_pools_with_the_same_fields(tmp_path: Path) -> None:
     good = tmp_path / "pools.yaml"
     good.write_text("colo: {phase: both, variant: fp32, threads: 2, workers: 3}\n")
     assert parse_pools(str(good)) == [PoolSpec("colo", "both", "fp32", 2, 3)]
+    assert parse_pools(str(tmp_path / "pools.yaml"), cores=16) == [PoolSpec("colo", "both", "fp32", 2, 3)]
+    planned = tmp_path / "planned.yaml"
+    planned.write_text("colo: {phase: both, variant: fp32}\n")
+    assert parse_pools(str(planned), cores=16) == [PoolSpec("colo", "both", "fp32", 4, 4)]
+    zero = tmp_path / "zero.yaml"
+    zero.write_text("colo: {phase: both, variant: fp32, workers: 0}\n")
+    with pytest.raises(ValueError, match=r"pool 'colo'.*workers 0 must be a whole number >= 1"):
+        parse_pools(str(zero))
     bad = tmp_path / "bad.yaml"
     bad.write_text("colo: {phase: both, variant: fp32, thread: 2}\n")
     with pytest.raises(ValueError, match=r"pool 'colo' has unknown field\(s\) \['thread'\]"):
