@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import time
@@ -42,15 +43,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _lines(n: int, prefix: str = "q", max_tokens: int = 8) -> bytes:
+def _lines(n: int, prefix: str = "q", max_tokens: int = 8, last_max_tokens: int | None = None) -> bytes:
     return "".join(json.dumps({"custom_id": f"{prefix}{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
-        "model": "smollm2-135m", "max_tokens": max_tokens,
+        "model": "smollm2-135m", "max_tokens": last_max_tokens if i == n - 1 and last_max_tokens else max_tokens,
         "messages": [{"role": "user", "content": f"Name one fact about the number {i}."}]}}) + "\n"
         for i in range(n)).encode()
 
 
-def _tenant(name: str) -> str:
-    proc = subprocess.run([*CLI, "tenants", "add", name], check=False, capture_output=True, text=True, timeout=60)
+def _completion_lines(n: int, max_tokens: int = 24) -> bytes:
+    return "".join(json.dumps({"custom_id": f"p{i}", "method": "POST", "url": "/v1/completions", "body": {
+        "model": "smollm2-135m", "max_tokens": max_tokens, "prompt": f"The number {i} is"}}) + "\n"
+        for i in range(n)).encode()
+
+
+def _tenant(name: str, *options: str) -> str:
+    proc = subprocess.run([*CLI, "tenants", "add", name, *options], check=False, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
 
@@ -77,7 +84,7 @@ def stack(bootstrap: str, tmp_path_factory: pytest.TempPathFactory):
                 time.sleep(0.5)
         suffix = os.urandom(3).hex()
         names = {"a": f"cycle-a-{suffix}", "b": f"cycle-b-{suffix}"}
-        keys = {side: _tenant(name) for side, name in names.items()}
+        keys = {"a": _tenant(names["a"], "--max-in-flight", "1"), "b": _tenant(names["b"])}
         key_tenant.update({keys[side]: name for side, name in names.items()})
         time.sleep(1.0)  # the API's registry follower reads the new tenants
         yield live, base + "/v1", keys
@@ -114,16 +121,27 @@ def _inject_failure(batch_id: str, custom_id: str, tenant: str, bootstrap: str) 
 def test_upload_create_poll_download_with_an_error_file(stack) -> None:
     live, base, keys = stack
     client = _sdk(base, keys["a"])
-    uploaded = client.files.create(file=("cycle.jsonl", _lines(5)), purpose="batch")
-    assert uploaded.purpose == "batch" and uploaded.bytes == len(_lines(5))
+    uploaded = client.files.create(file=("cycle.jsonl", _lines(5, last_max_tokens=64)), purpose="batch")
+    assert uploaded.purpose == "batch" and uploaded.bytes == len(_lines(5, last_max_tokens=64))
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="1h",
                                   metadata={"priority": "3", "project": "cycle"})
     assert batch.status == "validating" and batch.metadata["project"] == "cycle"
     assert client.batches.retrieve(batch.id).id == batch.id  # a retrieve before admission works too
     _wait(client, batch.id, live, 120, until=("in_progress", "finalizing", *FINAL))
-    _inject_failure(batch.id, "q4", key_tenant[keys["a"]], live.bootstrap)
+    # tenant a runs one request at a time and q4 (the longest) is last: once q0 is done every request
+    # is known to the control plane, and with the worker paused q4's own result cannot beat the failure
+    deadline = time.time() + 120
+    while client.batches.retrieve(batch.id).request_counts.completed < 1:
+        assert time.time() < deadline, f"no request of {batch.id} done after 120 s; logs in {live.logs}"
+        time.sleep(0.1)
+    worker = live.procs[f"worker-{POOL}"]
+    worker.send_signal(signal.SIGSTOP)
+    try:
+        _inject_failure(batch.id, "q4", key_tenant[keys["a"]], live.bootstrap)
+    finally:
+        worker.send_signal(signal.SIGCONT)
     done = _wait(client, batch.id, live, 400)
-    assert done.status == "completed", done
+    assert done.status == "completed", (done.status, done.errors, done.request_counts)
     assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (5, 4, 1)
     assert done.usage.output_tokens > 0 and done.usage.total_tokens == done.usage.input_tokens + done.usage.output_tokens
     assert done.created_at <= done.in_progress_at <= done.finalizing_at <= done.completed_at
@@ -150,8 +168,9 @@ def test_list_pages_idempotent_creates_and_cancel(stack) -> None:
     with pytest.raises(openai.BadRequestError, match="already used with other parameters"):
         client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="3h",
                               extra_headers={"Idempotency-Key": "cycle-1"})
-    plain = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="2h")
-    dup = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="2h")
+    prompts = client.files.create(file=("prompts.jsonl", _completion_lines(20)), purpose="batch")
+    plain = client.batches.create(input_file_id=prompts.id, endpoint="/v1/completions", completion_window="2h")
+    dup = client.batches.create(input_file_id=prompts.id, endpoint="/v1/completions", completion_window="2h")
     assert dup.id == plain.id, "an identical create within the dedup window is the same batch"
     client.batches.cancel(plain.id)
     page = client.batches.list(limit=1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -127,8 +128,9 @@ def cli_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     real_models = Path(os.environ.get("PHASEROUTE_HOME", Path.home() / ".cache" / "phaseroute")) / "models"
     if real_models.exists():
         (home / "models").symlink_to(real_models)  # the converted model, not a second conversion
+    # the query token is this module's: the service, the CLI and the readiness probe all read it here
     return {**os.environ, "PHASEROUTE_HOME": str(home), "PHASEROUTE_TELEMETRY_PORT": str(free_port()),
-            "COLUMNS": "200"}
+            "PHASEROUTE_QUERY_TOKEN": secrets.token_urlsafe(24), "COLUMNS": "200"}
 
 
 @pytest.fixture(scope="module")
@@ -144,9 +146,11 @@ def telemetry(cli_env: dict[str, str], bootstrap: str) -> Iterator[dict[str, str
     while True:
         assert proc.poll() is None, f"the telemetry service exited; see {log.name}"
         try:
-            remote_query(int(env["PHASEROUTE_TELEMETRY_PORT"]), "SELECT 1", timeout_s=2)
+            remote_query(int(env["PHASEROUTE_TELEMETRY_PORT"]), "SELECT 1", timeout_s=2,
+                         token=env["PHASEROUTE_QUERY_TOKEN"])
             break
-        except QueryError:
+        except QueryError as exc:
+            assert "token" not in str(exc), f"the telemetry service refused the module's token: {exc}"
             assert time.monotonic() < deadline, "the telemetry service did not answer within 120 s"
             time.sleep(0.5)
     yield env
