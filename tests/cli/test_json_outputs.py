@@ -143,19 +143,26 @@ def telemetry(cli_env: dict[str, str], bootstrap: str) -> Iterator[dict[str, str
     proc = subprocess.Popen([*CLI, "sink", "telemetry", "--group-suffix", f".test-json-{uuid.uuid4().hex[:8]}"],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, f"the telemetry service exited; see {log.name}"
+    try:
+        while True:
+            assert proc.poll() is None, f"the telemetry service exited; see {log.name}"
+            try:
+                remote_query(int(env["PHASEROUTE_TELEMETRY_PORT"]), "SELECT 1", timeout_s=2,
+                             token=env["PHASEROUTE_QUERY_TOKEN"])
+                break
+            except QueryError as exc:
+                assert "token" not in str(exc), f"the telemetry service refused the module's token: {exc}"
+                assert time.monotonic() < deadline, "the telemetry service did not answer within 120 s"
+                time.sleep(0.5)
+        yield env
+    finally:  # also when it never answered: no service outlives the module
+        proc.terminate()
         try:
-            remote_query(int(env["PHASEROUTE_TELEMETRY_PORT"]), "SELECT 1", timeout_s=2,
-                         token=env["PHASEROUTE_QUERY_TOKEN"])
-            break
-        except QueryError as exc:
-            assert "token" not in str(exc), f"the telemetry service refused the module's token: {exc}"
-            assert time.monotonic() < deadline, "the telemetry service did not answer within 120 s"
-            time.sleep(0.5)
-    yield env
-    proc.terminate()
-    assert proc.wait(60) == 0, "the telemetry service did not stop cleanly on SIGTERM"
+            code = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert code == 0, "the telemetry service did not stop cleanly on SIGTERM"
 
 
 LIGHT = [name for name, case in {**CASES, **ALWAYS_JSON}.items() if case.needs == "" and not case.elsewhere]
