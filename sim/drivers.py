@@ -1,6 +1,6 @@
 """Drivers: the decisions a simulated run delegates (admission, release order, routing, retries).
 
-``PhaserouteDriver`` (policy_bridge.py) calls ``phaseroute.streams.policy``; the baselines here
+phaseroute itself is ``core_driver.CoreDriver`` (the control core the live plane runs); the baselines here
 are what phaseroute is compared against. Baselines admit every job some alive pool can
 physically serve (``limits``: context length, KV of one instance, model placement; a job
 with a request none can serve is rejected at submission, as any engine's request validation
