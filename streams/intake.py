@@ -210,13 +210,14 @@ def _scan_lines(lines: Iterable[tuple[int, str | None]], job: dict[str, Any], mo
 
 def _render(chunk: list[ParsedLine], model: ModelInfo, limits: IntakeLimits, scan: IntakeScan) -> None:
     texts: list[str | None] = []
-    for item in chunk:
-        try:
-            texts.append(model.render(item.prompt, item.messages))
-        except Exception as exc:
-            _error(scan, LineError("invalid_messages", item.line, f"messages cannot be rendered: {exc}", "body.messages"), limits)
-            texts.append(None)
-    counts = _count([t for t in texts if t is not None], model)
+    with model.lock:  # one chunk at a time per tokenizer; the chunks of jobs taken in together interleave
+        for item in chunk:
+            try:
+                texts.append(model.render(item.prompt, item.messages))
+            except Exception as exc:
+                _error(scan, LineError("invalid_messages", item.line, f"messages cannot be rendered: {exc}", "body.messages"), limits)
+                texts.append(None)
+        counts = _count([t for t in texts if t is not None], model)
     spool = scan._spool
     for item, text in zip(chunk, texts):
         if text is None:

@@ -3,7 +3,8 @@ length and tokenizer (prompt rendering and token counting for admission)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,9 @@ class ModelInfo:
     name: str
     context_tokens: int
     tokenizer: Any
+    # a fast tokenizer must not be called from two threads at once (it sets its truncation state
+    # per call): intakes of several jobs take it chunk by chunk
+    lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     def render(self, prompt: str | None, messages: list[dict[str, str]] | None) -> str:
         """The full model input: raw ``prompt`` text, or ``messages`` through the chat template."""

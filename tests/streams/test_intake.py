@@ -93,3 +93,26 @@ def test_a_missing_file_and_an_empty_file_are_job_errors(store: BlobStore, model
     store.put(file_key("acme", "file-empty"), b"\n\n")
     job = dict(job, input_file="tenants/acme/files/file-empty")
     assert "no requests" in scan_job_input(job, store, model_info).job_error
+
+
+def test_jobs_taken_in_at_once_share_the_tokenizer_and_count_as_alone(store: BlobStore, model_info) -> None:
+    """The control plane takes in several jobs at once (threads over one tokenizer): each gets the
+    counts it gets alone, and none fails on the tokenizer being in use by another."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = []
+    for n, tenant in enumerate(("acme", "globex", "initech", "umbrella")):
+        lines = [_line(i, messages=[{"role": "user", "content": f"Question {i} of {tenant}, " * (1 + i % 7)}])
+                 for i in range(300 + 100 * n)]
+        jobs.append(_job(store, lines, tenant))
+    alone = []
+    for job in jobs:
+        scan = scan_job_input(job, store, model_info)
+        alone.append([(p.custom_id, p.tokens) for p in scan.prompts])
+        scan.close()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        scans = list(pool.map(lambda job: scan_job_input(job, store, model_info), jobs * 2))
+    for i, scan in enumerate(scans):
+        assert scan.ok, scan.reason()
+        assert [(p.custom_id, p.tokens) for p in scan.prompts] == alone[i % len(jobs)]
+        scan.close()
