@@ -8,6 +8,7 @@ import typer
 from typer.testing import CliRunner
 
 from phaseroute.cli.sim_cmds import plan_app, sim_app
+from phaseroute.schemas.enums import Phase
 from phaseroute.sim.calibrate import calibrate, load_points
 from phaseroute.sim.planner import PlanOptions, plan
 from phaseroute.sim.specio import DATA_DIR
@@ -42,8 +43,8 @@ def test_calibration_recovers_known_efficiencies():
     from phaseroute.sim.perfmodel import Efficiency
     cat = load_catalogue()
     truth = Efficiency(compute=0.4, decode_compute=0.2, memory=0.6, step_overhead_s=0.004, tp_scaling=1.0)
-    pts = [Point("prefill", 1, 512, 0), Point("prefill", 4, 512, 0), Point("decode", 1, 256, 0),
-           Point("decode", 16, 256, 0), Point("decode", 128, 256, 0), Point("decode", 64, 4096, 0)]
+    pts = [Point(Phase.PREFILL, 1, 512, 0), Point(Phase.PREFILL, 4, 512, 0), Point(Phase.DECODE, 1, 256, 0),
+           Point(Phase.DECODE, 16, 256, 0), Point(Phase.DECODE, 128, 256, 0), Point(Phase.DECODE, 64, 4096, 0)]
     rates = predict(pts, cat.accelerators["L4"], cat.models["qwen2.5-7b"], 1, truth)
     pts = [Point(p.phase, p.batch_size, p.tokens, float(r)) for p, r in zip(pts, rates)]
     fit = calibrate("L4", "qwen2.5-7b", 1, pts)
