@@ -32,8 +32,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.sparse import coo_matrix, csc_matrix
 
+from phaseroute.schemas.enums import Phase
 from phaseroute.sim.fleet import Fleet
-from phaseroute.sim.limits import PoolLimits, feasible_requests, fit_matrix
+from phaseroute.sim.limits import PoolLimits, check_phases, feasible_requests, fit_matrix
 from phaseroute.sim.perfmodel import InstancePerf
 from phaseroute.sim.workload import Workload
 
@@ -108,10 +109,13 @@ class LPPool:
     model: str
     perf: InstancePerf
     instances: float
-    phases: tuple[str, ...]
+    phases: tuple[Phase, ...]
     nic: float             # bytes/s per accelerator
     price_per_hour: float  # per accelerator
     context_tokens: int = NO_CONTEXT_LIMIT
+
+    def __post_init__(self) -> None:
+        check_phases(self.name, self.phases)
 
     @property
     def limits(self) -> PoolLimits:
@@ -181,8 +185,8 @@ def placements(jw: JobWork, pools: list[LPPool]) -> dict[str, list[tuple[int, in
     for m in set(jw.model):
         idx = [i for i, p in enumerate(pools) if p.model == m]
         out[m] = [(a, b) for a in idx for b in idx
-                  if "prefill" in pools[a].phases and "decode" in pools[b].phases
-                  and (a != b or set(pools[a].phases) == {"prefill", "decode"})]
+                  if Phase.PREFILL in pools[a].phases and Phase.DECODE in pools[b].phases
+                  and (a != b or set(pools[a].phases) == {Phase.PREFILL, Phase.DECODE})]
     return out
 
 
@@ -208,11 +212,11 @@ def infeasible_job_rows(jw: JobWork, pools: list[LPPool]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class FitBlock:
-    """Pools ``members`` serve (in ``kind``: the decode pool b, or the prefill pool a) at most
-    ``share[j]`` of job j's tokens."""
+    """Pools ``members`` serve (in ``phase``: DECODE, the decode pool b, or PREFILL, the prefill
+    pool a) at most ``share[j]`` of job j's tokens."""
 
     members: np.ndarray
-    kind: str
+    phase: Phase
     share: np.ndarray
 
 
@@ -227,13 +231,13 @@ def fit_blocks(jw: JobWork, pools: list[LPPool]) -> list[FitBlock]:
     J = len(jw.tokens)
     models = list(np.asarray(jw.model)[group]) if len(group) else []
     limits = [p.limits for p in pools]
-    fits = {kind: fit_matrix(limits, L, O, models, kind) for kind in ("decode", "prefill")}
+    fits = {phase: fit_matrix(limits, L, O, models, phase) for phase in (Phase.DECODE, Phase.PREFILL)}
     sets = pool_sets(len(pools))
     out = []
-    for kind in ("decode", "prefill"):
+    for phase in (Phase.DECODE, Phase.PREFILL):
         shares = {}
         for pool_set in sets:
-            fits_any = fits[kind][np.array(pool_set)].any(axis=0)
+            fits_any = fits[phase][np.array(pool_set)].any(axis=0)
             share = np.bincount(group, weights=(L + O) * fits_any, minlength=J) / np.maximum(jw.tokens, 1e-12)
             shares[pool_set] = np.minimum(share, 1.0)
         for pool_set in sets:
@@ -245,7 +249,7 @@ def fit_blocks(jw: JobWork, pools: list[LPPool]) -> list[FitBlock]:
                     share[shares[bigger] <= share + 1e-12] = 1.0
             if (share >= 1 - 1e-12).all():
                 continue
-            out.append(FitBlock(np.array(pool_set), kind, share))
+            out.append(FitBlock(np.array(pool_set), phase, share))
     return out
 
 

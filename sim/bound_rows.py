@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.sparse import csc_matrix
 
+from phaseroute.schemas.enums import Phase
 from phaseroute.sim.bound_model import LPModel, Rows
 
 OBJECTIVES = ("tokens", "jobs")
@@ -56,7 +57,7 @@ def assemble(m: LPModel, size_pools: bool = False, min_token_fraction: float = 1
         position = np.full(J, -1, dtype=np.int64)
         position[jobs] = np.arange(len(jobs))
         r0 = rows.block(fit.share[jobs])
-        sel = np.flatnonzero(np.isin(vb if fit.kind == "decode" else va, fit.members) & (position[vj] >= 0))
+        sel = np.flatnonzero(np.isin(vb if fit.phase is Phase.DECODE else va, fit.members) & (position[vj] >= 0))
         rows.add(r0 + position[vj[sel]], sel, np.ones(len(sel)))
     _link_rows(rows, m, size_pools, nx)
     tok = m.jw.tokens[vj]

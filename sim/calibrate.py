@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
+from phaseroute.schemas.enums import Phase
 from phaseroute.sim.catalogue import Catalogue, load_catalogue
 from phaseroute.sim.errors import SpecError
 from phaseroute.sim.perfmodel import Efficiency, instance_perf
@@ -32,7 +33,7 @@ from phaseroute.sim.specio import Fields, load_spec
 
 @dataclass(frozen=True)
 class Point:
-    phase: str
+    phase: Phase
     batch_size: int
     tokens: int          # prompt tokens (prefill) or context tokens (decode)
     tokens_per_s: float
@@ -49,8 +50,8 @@ def load_points(ref: str | Path | dict) -> tuple[str, str, int, list[Point]]:
     points = []
     for i, item in enumerate(raw):
         f = Fields(item, f"{where}: points[{i}]")
-        phase = f.str("phase", choices=("prefill", "decode"))
-        key = "prompt_tokens" if phase == "prefill" else "context_tokens"
+        phase = f.phase("phase")
+        key = "prompt_tokens" if phase is Phase.PREFILL else "context_tokens"
         f.unknown({"phase", "batch_size", key, "tokens_per_s"})
         points.append(Point(phase, f.int("batch_size", 1, lo=1), f.int(key, lo=1), f.num("tokens_per_s", lo=0, strict_lo=True)))
     return top.str("accelerator"), top.str("model"), top.int("tp", 1, lo=1), points
@@ -60,9 +61,10 @@ def points_from_rows(rows, prompt_tokens: int, context_tokens: int) -> list[Poin
     """Measured ProfileRows (policy package) -> points at the given prompt / context length."""
     out = []
     for row in rows:
-        phase = row.phase.slug
+        phase = row.phase
         for p in row.curve:
-            out.append(Point(phase, p.batch_size, prompt_tokens if phase == "prefill" else context_tokens, p.tokens_per_s))
+            out.append(Point(phase, p.batch_size, prompt_tokens if phase is Phase.PREFILL else context_tokens,
+                             p.tokens_per_s))
     return out
 
 
@@ -70,7 +72,7 @@ def predict(points: list[Point], acc, arch, tp: int, eff: Efficiency) -> np.ndar
     perf = instance_perf(acc, arch, tp, eff)
     out = []
     for p in points:
-        if p.phase == "prefill":
+        if p.phase is Phase.PREFILL:
             tokens = p.batch_size * p.tokens
             out.append(tokens / perf.step_time(0, 0, tokens, p.tokens))
         else:
@@ -105,6 +107,6 @@ def calibrate(accelerator: str, model: str, tp: int, points: list[Point], catalo
                        "memory": round(eff.memory, 4),
                        "step_overhead_ms": round(eff.step_overhead_s * 1e3, 3)},
         "rms_log_error": round(float(np.sqrt(np.mean(residual(best.x) ** 2))), 4),
-        "points": [{"phase": p.phase, "batch_size": p.batch_size, "tokens": p.tokens, "measured_tok_s": p.tokens_per_s,
+        "points": [{"phase": p.phase.slug, "batch_size": p.batch_size, "tokens": p.tokens, "measured_tok_s": p.tokens_per_s,
                     "model_tok_s": round(float(q), 2)} for p, q in zip(points, pred)],
     }

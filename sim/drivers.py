@@ -23,6 +23,7 @@ from collections import deque
 
 import numpy as np
 
+from phaseroute.schemas.enums import Phase
 from phaseroute.sim.limits import PoolLimits, feasible_requests, why_infeasible
 
 MAX_ATTEMPTS = 5
@@ -86,7 +87,7 @@ class Driver:
     def on_done(self, rid: int, now: float) -> None:
         self.avoid.pop(rid, None)
 
-    def on_lost(self, rid: int, pool: int, now: float, cause: str, phase: str) -> float | None:
+    def on_lost(self, rid: int, pool: int, now: float, cause: str, phase: Phase) -> float | None:
         if self.sim.attempt[rid] >= MAX_ATTEMPTS:
             return None
         self.avoid.setdefault(rid, set()).add(pool)
@@ -106,18 +107,18 @@ class Driver:
         raise NotImplementedError
 
     # helpers for baselines
-    def eligible(self, rid: int, phase: str, colocated: bool) -> list[int]:
+    def eligible(self, rid: int, phase: Phase, colocated: bool) -> list[int]:
         sim = self.sim
         model = self.models[int(sim.w.job_tenant[sim.job[rid]])]
         avoid = self.avoid.get(rid, ())
         prompt, output = sim.prompt[rid], sim.output[rid]
         # colocated: one instance prefills and then decodes, so it must hold the decode phase's KV
-        need = "decode" if colocated or phase == "decode" else "prefill"
+        need = Phase.DECODE if colocated or phase is Phase.DECODE else Phase.PREFILL
         out = []
         for i, p in enumerate(sim.pools):
             spec = p.spec
             if (p.alive and spec.model == model and i not in avoid and phase in spec.phases
-                    and (not colocated or len(spec.phases) == 2)
+                    and (not colocated or len(spec.phases) == 2)     # both phases (a spec lists each once)
                     and self.limits[i].holds(prompt, output, need)):
                 out.append(i)
         if not out and avoid:       # every other pool is gone: try the avoided ones again
@@ -139,7 +140,7 @@ class RoundRobin(Driver):
         self.credit = [0.0] * len(sim.pools)
 
     def route(self, rid: int, now: float) -> tuple[int, int] | None:
-        pools = self.eligible(rid, "prefill", True)
+        pools = self.eligible(rid, Phase.PREFILL, True)
         if not pools:
             return None
         weights = {i: self.sim.pools[i].alive_instances for i in pools}
@@ -155,7 +156,7 @@ class JoinShortestQueue(Driver):
     name = "jsq"
 
     def route(self, rid: int, now: float) -> tuple[int, int] | None:
-        pools = self.eligible(rid, "prefill", True)
+        pools = self.eligible(rid, Phase.PREFILL, True)
         if not pools:
             return None
         best = min(pools, key=lambda i: (self.load(i), i))
@@ -179,11 +180,11 @@ class StaticSplit(Driver):
     def route(self, rid: int, now: float) -> tuple[int, int] | None:
         model = self.models[int(self.sim.w.job_tenant[self.sim.job[rid]])]
         pre_side = self.prefill_side.get(model, set())
-        pre = [i for i in self.eligible(rid, "prefill", False) if i in pre_side]
-        dec = [i for i in self.eligible(rid, "decode", False) if i not in pre_side]
+        pre = [i for i in self.eligible(rid, Phase.PREFILL, False) if i in pre_side]
+        dec = [i for i in self.eligible(rid, Phase.DECODE, False) if i not in pre_side]
         if not pre_side or not pre or not dec:
             # one generation only, or a whole side is gone: colocate on what is left
-            pools = self.eligible(rid, "prefill", True)
+            pools = self.eligible(rid, Phase.PREFILL, True)
             if not pools:
                 return None
             best = min(pools, key=lambda i: (self.load(i), i))

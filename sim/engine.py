@@ -27,6 +27,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
+from phaseroute.schemas.enums import Phase
 from phaseroute.sim.disruptions import Disruptions
 from phaseroute.sim.events import (  # noqa: F401  (the statuses are re-exported for drivers and tests)
     ARRIVE,
@@ -459,7 +460,7 @@ class Simulator(Disruptions, Sampling, Speculation):
             self.counters["requests_lost"] += 1
             self.driver.on_cancel(rid, self.now)
             return
-        phase = "decode" if self.status[rid] in (TRANSFER, QUEUED_DECODE, DECODE) else "prefill"
+        phase = Phase.DECODE if self.status[rid] in (TRANSFER, QUEUED_DECODE, DECODE) else Phase.PREFILL
         self.lost_from = self.status[rid]
         self.attempt[rid] += 1
         self.status[rid] = LOST

@@ -33,12 +33,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from phaseroute.schemas.enums import Phase
 from phaseroute.sim.catalogue import Accelerator, Catalogue, load_catalogue
 from phaseroute.sim.errors import SpecError
 from phaseroute.sim.perfmodel import Efficiency, InstancePerf, auto_tp, datasheet_perf, instance_perf
 from phaseroute.sim.specio import Fields, load_spec
 
-PHASES = ("prefill", "decode")
+PHASES = (Phase.PREFILL, Phase.DECODE)   # a pool serves both unless its spec restricts it
 EVENT_KINDS = ("slowdown", "loss", "restore")
 
 
@@ -61,7 +62,7 @@ class SimPool:
     instances: int
     perf: InstancePerf
     datasheet: InstancePerf
-    phases: tuple[str, ...]
+    phases: tuple[Phase, ...]
     price_per_hour: float      # per accelerator
     mtbf_hours: float
     repair_s: float
@@ -129,7 +130,7 @@ class Fleet:
             "name": self.name, "accelerators": self.accelerators, "cost_per_hour": round(self.cost_per_hour, 2),
             "transfer_usd_per_gb": self.transfer_usd_per_gb,
             "pools": [{"name": p.name, "accelerator": p.accelerator.name, "accelerators": p.accelerators,
-                       "model": p.model, "tp": p.perf.tp, "instances": p.instances, "phases": list(p.phases),
+                       "model": p.model, "tp": p.perf.tp, "instances": p.instances, "phases": [ph.slug for ph in p.phases],
                        "kv_capacity_tokens": int(p.perf.max_tokens_in_kv()), "context_tokens": p.context_tokens}
                       for p in self.pools],
             "events": [e.__dict__ for e in self.events],
@@ -171,9 +172,7 @@ def _pools(f: Fields, cat: Catalogue, eff: Efficiency, limits: EngineLimits, var
         raise SpecError(f"{f.where}: pool name {name!r} must not contain '/'")
     acc = cat.accelerator(f.str("accelerator"), f"{f.where}: ")
     count = f.int("count", lo=1)
-    phases = tuple(f.raw("phases", list(PHASES)))
-    if not phases or any(p not in PHASES for p in phases):
-        raise SpecError(f"{f.where}: field 'phases' must be a non-empty subset of {list(PHASES)}, got {list(phases)!r}")
+    phases = f.phases("phases", [p.slug for p in PHASES])
     pool_eff = _efficiency(f.sub("efficiency", {}), eff)
     price = f.num("price_per_hour", acc.price_per_hour, lo=0)
     models = _models(f)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from phaseroute.schemas.enums import Phase
 from phaseroute.sim.fleet import Fleet, SimPool
 
 
@@ -34,31 +35,40 @@ class PoolLimits:
 
     name: str
     model: str
-    phases: tuple[str, ...]
+    phases: tuple[Phase, ...]
     kv_per_token: float
     kv_capacity: float      # bytes of KV one instance holds
     context_tokens: int
+
+    def __post_init__(self) -> None:
+        check_phases(self.name, self.phases)
 
     @classmethod
     def of(cls, pool: SimPool) -> PoolLimits:
         return cls(pool.name, pool.model, pool.phases, pool.perf.kv_per_token, pool.perf.kv_capacity,
                    pool.context_tokens)
 
-    def holds(self, prompt: int, output: int, phase: str) -> bool:
+    def holds(self, prompt: int, output: int, phase: Phase) -> bool:
         """Whether one instance can run ``phase`` of a request of this size (model not checked)."""
         if phase not in self.phases or prompt + output > self.context_tokens:
             return False
-        held = prompt if phase == "prefill" else prompt + output
+        held = prompt if phase is Phase.PREFILL else prompt + output
         return held * self.kv_per_token <= self.kv_capacity
 
 
+def check_phases(pool: str, phases: tuple[Phase, ...]) -> None:
+    """A pool's phases are ``Phase`` members (a bare string would silently match no phase)."""
+    if not all(isinstance(p, Phase) for p in phases):
+        raise TypeError(f"pool {pool!r}: phases must be Phase members, got {phases!r}")
+
+
 def fit_matrix(pools: Sequence[PoolLimits], prompt: np.ndarray, output: np.ndarray, models: Sequence[str],
-               phase: str) -> np.ndarray:
+               phase: Phase) -> np.ndarray:
     """bool[pool, request]: one instance of the pool can run ``phase`` of the request (its model
     ``models[r]``)."""
     L = np.asarray(prompt, dtype=np.float64)
     O = np.asarray(output, dtype=np.float64)  # noqa: E741
-    held = L if phase == "prefill" else L + O
+    held = L if phase is Phase.PREFILL else L + O
     model_arr = np.asarray(models)
     rows = []
     for p in pools:
@@ -72,8 +82,8 @@ def feasible_requests(pools: Sequence[PoolLimits], prompt: np.ndarray, output: n
     """bool[request]: some pool prefills it and some pool decodes it."""
     if not pools:
         return np.zeros(len(prompt), dtype=bool)
-    pre = fit_matrix(pools, prompt, output, models, "prefill").any(axis=0)
-    dec = fit_matrix(pools, prompt, output, models, "decode").any(axis=0)
+    pre = fit_matrix(pools, prompt, output, models, Phase.PREFILL).any(axis=0)
+    dec = fit_matrix(pools, prompt, output, models, Phase.DECODE).any(axis=0)
     return np.asarray(pre & dec, dtype=bool)
 
 
@@ -96,10 +106,10 @@ def why_infeasible(pools: Sequence[PoolLimits], prompt: int, output: int, model:
     context = max(p.context_tokens for p in mine)
     if prompt + output > context:
         return f"prompt {prompt} + output {output} tokens > context {context} of {model!r}"
-    for phase in ("prefill", "decode"):
+    for phase in (Phase.PREFILL, Phase.DECODE):
         if not any(p.holds(prompt, output, phase) for p in mine):
-            held = prompt if phase == "prefill" else prompt + output
+            held = prompt if phase is Phase.PREFILL else prompt + output
             room = max((p.kv_capacity / p.kv_per_token for p in mine if phase in p.phases), default=0.0)
-            return (f"{phase} needs KV for {held} tokens on one instance; the largest {phase} instance of "
+            return (f"{phase.slug} needs KV for {held} tokens on one instance; the largest {phase.slug} instance of "
                     f"{model!r} holds {int(room)}")
     return None

@@ -28,7 +28,7 @@ from phaseroute.sim.bound import LPPool, job_work, solve
 from phaseroute.sim.catalogue import Catalogue, load_catalogue, parse_catalogue
 from phaseroute.sim.engine import SimConfig
 from phaseroute.sim.errors import SpecError
-from phaseroute.sim.fleet import parse_fleet
+from phaseroute.sim.fleet import PHASES, parse_fleet
 from phaseroute.sim.perfmodel import Efficiency, auto_tp, instance_perf
 from phaseroute.sim.runner import run_policy
 from phaseroute.sim.specio import Fields, load_spec
@@ -77,7 +77,7 @@ def _pools(types: tuple[str, ...], models: list[str], cat: Catalogue) -> list[LP
             except ValueError:
                 continue
             perf = instance_perf(acc, arch, tp, Efficiency())
-            pools.append(LPPool(f"{a}|{m}", a, m, perf, 0.0, ("prefill", "decode"), acc.network_bandwidth, acc.price_per_hour))
+            pools.append(LPPool(f"{a}|{m}", a, m, perf, 0.0, PHASES, acc.network_bandwidth, acc.price_per_hour))
     return pools
 
 

@@ -7,12 +7,14 @@ A spec argument may be a path, the name of a bundled example (``azure-code`` fin
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from phaseroute.schemas.enums import Phase
 from phaseroute.sim.errors import SpecError
 
 DATA_DIR = Path(str(resources.files("phaseroute.sim") / "data"))
@@ -62,6 +64,16 @@ def _as_number(value: Any) -> Any:
     return value
 
 
+PHASE_SLUGS = [p.slug for p in Phase]   # how spec files spell a phase: prefill, decode
+
+
+def _phase_of_slug(value: Any, fail: Callable[[str], SpecError]) -> Phase:
+    for phase in Phase:
+        if value == phase.slug:
+            return phase
+    raise fail(f"must be one of {PHASE_SLUGS}, got {value!r}")
+
+
 class Fields:
     """Typed access to one mapping of a spec; every error names ``where`` and the field."""
 
@@ -82,6 +94,20 @@ class Fields:
                 raise self._fail(key, "is required")
             return default
         return self.data[key]
+
+    def phase(self, key: str, default: Any = ...) -> Phase:
+        """A phase written as its slug (``prefill`` / ``decode``, the spec files' spelling)."""
+        return _phase_of_slug(self.raw(key, default), lambda msg: self._fail(key, msg))
+
+    def phases(self, key: str, default: Any = ...) -> tuple[Phase, ...]:
+        """A non-empty list of distinct phase slugs, in the spec's order."""
+        value = self.raw(key, default)
+        if not isinstance(value, list) or not value:
+            raise self._fail(key, f"must be a non-empty list of {PHASE_SLUGS}, got {value!r}")
+        out = tuple(_phase_of_slug(v, lambda msg: self._fail(key, msg)) for v in value)
+        if len(set(out)) != len(out):
+            raise self._fail(key, f"lists a phase twice: {value!r}")
+        return out
 
     def num(self, key: str, default: Any = ..., lo: float | None = None, hi: float | None = None,
             strict_lo: bool = False) -> float:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 
+from phaseroute.schemas.enums import Phase
 from phaseroute.sim.events import CANCELLED, DECODE, NEW, PREFILL, QUEUED_DECODE, QUEUED_PREFILL, TRANSFER
 
 
@@ -32,10 +33,10 @@ class Speculation:
                     continue
                 for _, rid in inst.dec_heap:
                     if rid not in twin:
-                        running.append((rid, "decode", pool.idx, t_phase[rid], self.output[rid], inst.b))
+                        running.append((rid, Phase.DECODE, pool.idx, t_phase[rid], self.output[rid], inst.b))
                 for rid in inst.pre_q:
                     if rid not in twin:
-                        running.append((rid, "prefill", pool.idx, t_phase[rid], self.prompt[rid], 1))
+                        running.append((rid, Phase.PREFILL, pool.idx, t_phase[rid], self.prompt[rid], 1))
         for rid, avoid in find(running, self.now):
             self._clone(rid, avoid)
 

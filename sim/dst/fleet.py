@@ -21,6 +21,8 @@ from phaseroute.schemas.enums import Phase
 from phaseroute.streams.core import AttemptFailed, Dispatch, KvReady
 from phaseroute.streams.policy import FailureKind, PoolState
 
+WorkItem = tuple[Phase, Dispatch, int]   # (the phase to run, the dispatched attempt, the pool's epoch when queued)
+
 
 @dataclass
 class Faults:
@@ -46,7 +48,7 @@ class SimPool:
     slowdown: float = 1.0
     last_beat: float = 0.0
     busy: int = 0
-    queue: list[tuple[Any, ...]] = field(default_factory=list)  # FIFO of waiting items
+    queue: list[WorkItem] = field(default_factory=list)  # FIFO of waiting items
     epoch: int = 0  # bumps when the pool is lost: its items in flight are dropped
     silent: bool = False  # lost without a word: its heartbeats just stop (else it said DOWN)
 
@@ -79,9 +81,9 @@ class FakeFleet:
         pool = self.pools.get(d.prefill_pool)
         if pool is None or not pool.alive:
             return  # the work sits in a dead pool's topic: nobody runs it
-        self._enqueue(pool, ("prefill", d, pool.epoch), now)
+        self._enqueue(pool, (Phase.PREFILL, d, pool.epoch), now)
 
-    def _enqueue(self, pool: SimPool, item: tuple[Any, ...], now: float) -> None:
+    def _enqueue(self, pool: SimPool, item: WorkItem, now: float) -> None:
         pool.queue.append(item)
         self._start(pool, now)
 
@@ -90,8 +92,8 @@ class FakeFleet:
             item = pool.queue.pop(0)
             phase, d = item[0], item[1]
             w = d.work
-            tokens = w.prompt_tokens / pool.prefill_tps if phase == "prefill" else 0.0
-            if phase == "decode" or d.colocated:
+            tokens = w.prompt_tokens / pool.prefill_tps if phase is Phase.PREFILL else 0.0
+            if phase is Phase.DECODE or d.colocated:
                 tokens += w.max_output_tokens / pool.decode_tps
             service = tokens * pool.slowdown * self.rng.uniform(0.7, 1.5)
             pool.busy += 1
@@ -106,7 +108,7 @@ class FakeFleet:
             elif kind == "return":
                 self._return(t, args[0])
 
-    def _done(self, t: float, name: str, epoch: int, item: tuple[Any, ...]) -> None:
+    def _done(self, t: float, name: str, epoch: int, item: WorkItem) -> None:
         pool = self.pools[name]
         if epoch != pool.epoch:
             return  # the pool was lost meanwhile: this work vanished with it
@@ -119,18 +121,17 @@ class FakeFleet:
             kind = FailureKind.INVALID
         elif draw < f.invalid + f.attempt_failure:
             kind = FailureKind.ERROR
-        elif phase == "decode" and draw < f.invalid + f.attempt_failure + f.kv_lost:
+        elif phase is Phase.DECODE and draw < f.invalid + f.attempt_failure + f.kv_lost:
             kind = FailureKind.KV_CHECKSUM
         if kind is not None:
             self.counts[{FailureKind.INVALID: "invalid", FailureKind.ERROR: "failed_attempts",
                          FailureKind.KV_CHECKSUM: "kv_lost"}[kind]] += 1
-            failed_phase = Phase.DECODE if phase == "decode" else Phase.PREFILL
-            self.out.append((t, AttemptFailed(w.request_id, d.attempt, name, failed_phase, kind, f"fake {kind.value}")))
-        elif phase == "prefill" and not d.colocated:
+            self.out.append((t, AttemptFailed(w.request_id, d.attempt, name, phase, kind, f"fake {kind.value}")))
+        elif phase is Phase.PREFILL and not d.colocated:
             self.out.append((t, KvReady(w.request_id, d.attempt, name, "kvstore")))
             target = self.pools.get(d.decode_pool)
             if target is not None and target.alive:
-                self._enqueue(target, ("decode", d, target.epoch), t)
+                self._enqueue(target, (Phase.DECODE, d, target.epoch), t)
         else:
             self.out.append((t, ("result", d)))
         self._start(pool, t)

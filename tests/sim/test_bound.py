@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from phaseroute.schemas.enums import Phase
 from phaseroute.sim.bound import JobWork, LPPool, deadline_bound, max_throughput, solve
 from phaseroute.sim.fleet import FleetEvent, parse_fleet, with_events
 from phaseroute.sim.perfmodel import InstancePerf
@@ -31,7 +32,7 @@ def test_one_pool_two_windows_by_hand():
     # Two 5-s intervals. C can only use the first: 5/8 of it (5,000 tokens); A fits in the second
     # (4,000 tokens). Every token costs the same 1 ms, so nothing beats 9,000.
     jw = jobs([2000, 4000], [2000, 4000], [0, 0], [10, 5])
-    res = solve(jw, [LPPool("p", "p", "m", perf(), 1.0, ("prefill", "decode"), 1e9, 1.0)], n_intervals=2)
+    res = solve(jw, [LPPool("p", "p", "m", perf(), 1.0, (Phase.PREFILL, Phase.DECODE), 1e9, 1.0)], n_intervals=2)
     assert res.status == "optimal"
     assert res.objective_tokens == pytest.approx(9000)
     assert res.job_fraction == pytest.approx([1.0, 5 / 8])
@@ -41,8 +42,8 @@ def test_link_limits_disaggregation_by_hand():
     # prefill-only and decode-only pools: every job must move its KV (1 byte per prompt token)
     # over a 100 B/s link. 1,000 prompt tokens = 10 s of link time; the window is 5 s.
     jw = jobs([1000], [10], [0], [5])
-    pools = [LPPool("a", "a", "m", perf(1.0), 1.0, ("prefill",), 1e9, 1.0),
-             LPPool("b", "b", "m", perf(1.0), 1.0, ("decode",), 1e9, 1.0)]
+    pools = [LPPool("a", "a", "m", perf(1.0), 1.0, (Phase.PREFILL,), 1e9, 1.0),
+             LPPool("b", "b", "m", perf(1.0), 1.0, (Phase.DECODE,), 1e9, 1.0)]
     res = solve(jw, pools, n_intervals=1, links={("a", "b"): 100.0})
     assert res.job_fraction[0] == pytest.approx(0.5)
     assert res.kv_bytes == pytest.approx(500)
@@ -69,8 +70,8 @@ def test_pools_together_serve_only_the_requests_one_of_them_can_hold():
     small = InstancePerf("X", "m", 1, flops=1e12, flops_decode=1e12, bandwidth=1e12, weight_bytes=0.0,
                          kv_per_token=1.0, kv_capacity=500.0, two_p=1e9, dec_attn=0.0, pre_attn=0.0,
                          overhead=0.0, max_batch=1)
-    pools = [LPPool(n, n, "m", small, 1.0, ("prefill", "decode"), 1e9, 1.0) for n in ("a", "b")]
-    pools.append(LPPool("c", "c", "m", perf(1.0), 1.0, ("prefill", "decode"), 1e9, 1.0))
+    pools = [LPPool(n, n, "m", small, 1.0, (Phase.PREFILL, Phase.DECODE), 1e9, 1.0) for n in ("a", "b")]
+    pools.append(LPPool("c", "c", "m", perf(1.0), 1.0, (Phase.PREFILL, Phase.DECODE), 1e9, 1.0))
     res = solve(jw, pools, n_intervals=1, fleet=_lost_at_start("c"))
     assert res.status == "optimal"
     assert res.objective_tokens == pytest.approx(200.0)
@@ -111,8 +112,8 @@ def test_requests_that_fit_no_instance_are_not_counted():
                  np.array([(L * L).sum()]), np.array([O.sum()]), np.array([(O * (L + O / 2)).sum()]), 991.0,
                  (np.array([0, 0]), L, O))
     small = InstancePerf("X", "m", 1, 1e15, 1e15, 1e15, 0.0, 1.0, 5000.0, 1e9, 0.0, 0.0, 0.0, 8)
-    pools = [LPPool("a", "a", "m", perf(1.0), 1.0, ("prefill", "decode"), 1e9, 1.0),
-             LPPool("b", "b", "m", small, 1.0, ("prefill", "decode"), 1e9, 1.0)]
+    pools = [LPPool("a", "a", "m", perf(1.0), 1.0, (Phase.PREFILL, Phase.DECODE), 1e9, 1.0),
+             LPPool("b", "b", "m", small, 1.0, (Phase.PREFILL, Phase.DECODE), 1e9, 1.0)]
     assert solve(jw, pools, 1, links={("a", "b"): 1e12, ("b", "a"): 1e12}).job_fraction[0] == pytest.approx(1.0)
     only_b = solve(jw, pools, 1, fleet=_lost_at_start("a"), links={("a", "b"): 1e12, ("b", "a"): 1e12})
     assert only_b.job_fraction[0] == pytest.approx(0.1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from phaseroute.schemas.enums import Phase
 from phaseroute.sim.bound import deadline_bound, miss_rate_bound, solve
 from phaseroute.sim.bound_colgen import solve_colgen
 from phaseroute.sim.bound_model import JobWork, LPPool, build_model
@@ -33,9 +34,9 @@ def _random_case(seed: int) -> tuple[JobWork, list[LPPool], dict]:
     deadline = release + rng.uniform(5, 60, n_jobs)
     jw = JobWork(["m"] * n_jobs, release, deadline, sums(L + O), sums(L), sums(L * L), sums(O),
                  sums(O * (L + O / 2)), float(L.min() + 1), (group, L, O))
-    pools = [LPPool("fast", "fast", "m", _perf(4e12, 1e11, 5e5), 1.0, ("prefill",), 1e9, 4.0),
-             LPPool("wide", "wide", "m", _perf(1e12, 4e11, 5e5), 1.0, ("decode",), 1e9, 2.0),
-             LPPool("small", "small", "m", _perf(1e12, 1e11, 3e4), 1.0, ("prefill", "decode"), 1e9, 1.0)]
+    pools = [LPPool("fast", "fast", "m", _perf(4e12, 1e11, 5e5), 1.0, (Phase.PREFILL,), 1e9, 4.0),
+             LPPool("wide", "wide", "m", _perf(1e12, 4e11, 5e5), 1.0, (Phase.DECODE,), 1e9, 2.0),
+             LPPool("small", "small", "m", _perf(1e12, 1e11, 3e4), 1.0, (Phase.PREFILL, Phase.DECODE), 1e9, 1.0)]
     links = {(a, b): 2e6 for a in ("fast", "wide", "small") for b in ("fast", "wide", "small") if a != b}
     return jw, pools, links
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
 from phaseroute.cli.sim_cmds import plan_app, sim_app
+from phaseroute.schemas.enums import Phase
 from phaseroute.sim.calibrate import calibrate, load_points
+from phaseroute.sim.errors import SpecError
 from phaseroute.sim.planner import PlanOptions, plan
 from phaseroute.sim.specio import DATA_DIR
 from phaseroute.sim.workload import build_workload, parse_workload
@@ -42,13 +45,22 @@ def test_calibration_recovers_known_efficiencies():
     from phaseroute.sim.perfmodel import Efficiency
     cat = load_catalogue()
     truth = Efficiency(compute=0.4, decode_compute=0.2, memory=0.6, step_overhead_s=0.004, tp_scaling=1.0)
-    pts = [Point("prefill", 1, 512, 0), Point("prefill", 4, 512, 0), Point("decode", 1, 256, 0),
-           Point("decode", 16, 256, 0), Point("decode", 128, 256, 0), Point("decode", 64, 4096, 0)]
+    pts = [Point(Phase.PREFILL, 1, 512, 0), Point(Phase.PREFILL, 4, 512, 0), Point(Phase.DECODE, 1, 256, 0),
+           Point(Phase.DECODE, 16, 256, 0), Point(Phase.DECODE, 128, 256, 0), Point(Phase.DECODE, 64, 4096, 0)]
     rates = predict(pts, cat.accelerators["L4"], cat.models["qwen2.5-7b"], 1, truth)
     pts = [Point(p.phase, p.batch_size, p.tokens, float(r)) for p, r in zip(pts, rates)]
     fit = calibrate("L4", "qwen2.5-7b", 1, pts)
     assert fit["rms_log_error"] < 1e-3
     assert abs(fit["efficiency"]["memory"] - 0.6) < 0.02 and abs(fit["efficiency"]["compute"] - 0.4) < 0.02
+
+
+def test_calibration_points_read_the_phase_slug_and_name_a_bad_one():
+    spec = {"accelerator": "L4", "model": "qwen2.5-7b",
+            "points": [{"phase": "decode", "batch_size": 8, "context_tokens": 128, "tokens_per_s": 76}]}
+    assert load_points(spec)[3][0].phase is Phase.DECODE
+    spec["points"][0]["phase"] = "Decode"
+    with pytest.raises(SpecError, match=r"points\[0\]: field 'phase' must be one of \['prefill', 'decode'\], got 'Decode'"):
+        load_points(spec)
 
 
 def _app() -> typer.Typer:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from phaseroute.schemas.enums import Phase
 from phaseroute.sim.errors import SpecError
 from phaseroute.sim.fleet import load_fleet, parse_fleet
 from phaseroute.sim.runner import prepare
@@ -77,6 +78,43 @@ def test_fleet_spec(sim_inputs):
 def test_fleet_errors(sim_inputs, patch, expected):
     with pytest.raises(SpecError, match=expected):
         parse_fleet(sim_inputs.fleet(**patch), "f.yaml")
+
+
+FLEET_YAML = """
+name: phases-test
+pools:
+  - {name: both, accelerator: H100-SXM-80GB, count: 1, models: [llama-3.1-8b]}
+  - {name: pre, accelerator: H100-SXM-80GB, count: 1, models: [llama-3.1-8b], phases: [prefill]}
+  - {name: mixed, accelerator: H100-SXM-80GB, count: 1, models: [llama-3.1-8b], phases: [decode, prefill]}
+"""
+
+
+def test_fleet_yaml_phases_parse_into_the_phase_enum(tmp_path):
+    path = tmp_path / "fleet.yaml"
+    path.write_text(FLEET_YAML)
+    f = load_fleet(path)
+    assert [p.phases for p in f.pools] == [(Phase.PREFILL, Phase.DECODE), (Phase.PREFILL,), (Phase.DECODE, Phase.PREFILL)]
+    assert all(type(ph) is Phase for p in f.pools for ph in p.phases)
+    # the spec's spelling comes back out unchanged
+    assert [p["phases"] for p in f.describe()["pools"]] == [["prefill", "decode"], ["prefill"], ["decode", "prefill"]]
+
+
+@pytest.mark.parametrize("phases, expected", [
+    ("[prefill, encode]", "got 'encode'"),
+    ("[PREFILL]", "got 'PREFILL'"),           # the spec spelling is the lower-case slug
+    ("[]", "must be a non-empty list"),
+    ("prefill", "must be a non-empty list"),
+    ("[decode, decode]", "lists a phase twice"),
+])
+def test_fleet_yaml_bad_phases_name_the_value_and_the_allowed_ones(tmp_path, phases, expected):
+    path = tmp_path / "fleet.yaml"
+    path.write_text(FLEET_YAML.replace("phases: [prefill]", f"phases: {phases}"))
+    with pytest.raises(SpecError) as err:
+        load_fleet(path)
+    msg = str(err.value)
+    assert "pools[1]" in msg and "'phases'" in msg and expected in msg
+    if "got" in expected or "non-empty" in expected:
+        assert "['prefill', 'decode']" in msg
 
 
 def test_bundled_examples_load():
