@@ -102,7 +102,7 @@ class CoreDriver:
         w = sim.w
         self.names = [p.spec.name for p in sim.pools]
         self.index = {n: i for i, n in enumerate(self.names)}
-        self.phases = [frozenset(Phase(ph.upper()) for ph in p.spec.phases) for p in sim.pools]
+        self.phases = [frozenset(p.spec.phases) for p in sim.pools]
         cat = load_catalogue()
         models = {m: P.ModelSpec(m, cat.models[m].context_tokens if m in cat.models else 131072)
                   for m in {t.model for t in w.tenants}}
@@ -262,7 +262,7 @@ class CoreDriver:
         if job is not None and job.finished_requests >= job.requests_total:
             self._feed(self.core.handle(OutputWritten(job_id, job.finished_requests), now), now)
 
-    def on_lost(self, row: int, pool: int, now: float, cause: str, phase: str) -> object:
+    def on_lost(self, row: int, pool: int, now: float, cause: str, phase: Phase) -> object:
         """Worker death and refusals are failed attempts, as a supervisor or the worker reports
         them; a lost pool's work is silent (its heartbeats stop), except a KV in transfer from it,
         which the decode side cannot fetch."""
@@ -271,7 +271,7 @@ class CoreDriver:
         silent |= cause == "refused" and not sim.pools[pool].alive
         if not silent:
             kind = P.FailureKind.WORKER_DEATH if cause in ("worker_death", "pool_lost") else P.FailureKind.ERROR
-            self._report_failed(row, pool, Phase(phase.upper()), kind, cause, now)
+            self._report_failed(row, pool, phase, kind, cause, now)
         return DEFERRED
 
     def on_cancel(self, row: int, now: float) -> None:
