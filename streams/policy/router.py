@@ -31,13 +31,13 @@ import random
 from collections.abc import Iterable, Sequence
 
 from .confidence import effective_link
-from .cost_model import combine, phase_cost
-from .filters import kv_handover, path_filter, phase_options
+from .cost_model import phase_cost
+from .filters import kv_handover, path_filter, phase_options, required_quality
 from .paths import candidate_pairs
 from .quality import path_quality
 from .router_config import RouterConfig
 from .router_state import RouterState
-from .scorers import ScoreInput, parts_of, score_paths
+from .scorers import FieldStats, ScoreInput, parts_of, score_paths
 from .types import NoPlacement, PathEstimate, Phase, PoolState, ProfileTable, RequestWork, RoutingDecision
 
 
@@ -48,31 +48,58 @@ def _candidates(
     now: float,
     config: RouterConfig,
     skip: frozenset[str],
-) -> tuple[list[PathEstimate], list[tuple[str, str]]]:
-    """Every acceptable path for ``request``, and why each dropped pool/phase or path was dropped."""
+) -> tuple[list[PathEstimate], list[float], list[tuple[str, str]]]:
+    """Every acceptable path for ``request`` with its ``total_s``, and why each dropped
+    pool/phase or path was dropped. ``cost_model.combine`` written out for the pairs of one
+    request (the same arithmetic in the same order: the estimates are bit for bit the same),
+    since this loop runs for every path of every request."""
     pre, rejected = phase_options(request, pools, profiles, Phase.PREFILL, now, config, skip=skip)
     dec, rejected_d = phase_options(request, pools, profiles, Phase.DECODE, now, config, skip=skip)
     rejected += rejected_d
-    paths = []
+    paths: list[PathEstimate] = []
+    totals: list[float] = []
     pre_costs = [phase_cost(request, o) for o in pre]
     dec_costs = [phase_cost(request, o) for o in dec]
+    need_quality = required_quality(request, config)
+    measured_quality = bool(profiles.quality)
+    prompt_tokens, usd_per_gb, model = request.prompt_tokens, config.transfer_usd_per_gb, request.model
     for p, d in candidate_pairs(pre_costs, dec_costs, config):
-        src, dst = p.option.pool.name, d.option.pool.name
-        mismatch = kv_handover(p.option.pool, d.option.pool)
-        if mismatch is not None:
-            rejected.append((f"{src}->{dst}", mismatch))
-            continue
-        link = None if src == dst else effective_link(profiles, src, dst, now, config.confidence)
-        estimate = combine(request, p, d, link, config.transfer_usd_per_gb)
-        measured = path_quality(profiles, request.model, src, dst, now)
+        a, b = p.option.pool, d.option.pool
+        src, dst = a.name, b.name
+        row_p, row_d = p.option.row, d.option.row
+        kv_bytes = prompt_tokens * row_p.kv_bytes_per_token
+        if src == dst:
+            transfer_s, decode_wait, headroom, moved_bytes, moved = 0.0, 0.0, d.headroom, 0.0, 0.0
+        else:
+            mismatch = kv_handover(a, b)
+            if mismatch is not None:
+                rejected.append((f"{src}->{dst}", mismatch))
+                continue
+            link = effective_link(profiles, src, dst, now, config.confidence)
+            transfer_s = link.latency_s + kv_bytes / link.bytes_per_s
+            decode_wait, headroom, moved_bytes = d.wait_s, min(d.headroom, p.headroom), kv_bytes
+            moved = kv_bytes / 1e9 * usd_per_gb
+        cost_p, cost_d = p.dollars, d.dollars
+        prefill_wait, prefill_s, decode_s = p.wait_s, p.service_s, d.service_s
+        estimate = PathEstimate(
+            src, dst, prefill_wait, prefill_s, transfer_s, decode_wait, decode_s, moved_bytes,
+            None if cost_p is None or cost_d is None else cost_p + cost_d + moved,
+            row_p.quality_score * row_d.quality_score,
+            (1.0 - row_p.error_rate) * (1.0 - row_d.error_rate),
+            headroom,
+            prefill_s * a.in_flight if Phase.DECODE in a.phases else 0.0,
+        )
+        measured = path_quality(profiles, model, src, dst, now) if measured_quality else None
         if measured is not None:
             estimate = estimate._replace(quality=measured.score)
-        reason = path_filter(request, estimate, config, measured)
+        reason = path_filter(request, estimate, config, measured) \
+            if measured is not None or estimate.quality < need_quality else None
         if reason is None:
             paths.append(estimate)
+            totals.append(prefill_wait + prefill_s + transfer_s + decode_wait + decode_s)
         else:
             rejected.append((f"{src}->{dst}", reason))
-    return paths, rejected
+    return paths, totals, rejected
 
 
 def _describe(e: PathEstimate) -> str:
@@ -144,17 +171,17 @@ def route(
     """Place ``request``: prefill pool, decode pool (colocated when equal), estimate and scores."""
     pools = list(pools)
     draw = rng.random()
-    paths, rejected = _candidates(request, pools, profiles, now, config, frozenset())
+    paths, totals, rejected = _candidates(request, pools, profiles, now, config, frozenset())
     relaxed: frozenset[str] = frozenset()
     for name, wanted in (("room_now", config.relax_room_when_empty),
                          ("not_avoided", config.relax_avoid_when_empty and bool(request.avoid_pools))):
         if not paths and wanted:
             relaxed |= {name}
-            paths, rejected = _candidates(request, pools, profiles, now, config, relaxed)
+            paths, totals, rejected = _candidates(request, pools, profiles, now, config, relaxed)
     if not paths:
         reason = f"no eligible path for model {request.model!r} among {len(pools)} pool(s)"
         return NoPlacement(request.request_id, reason, tuple(rejected))
-    x = ScoreInput.of(paths, request, now, config)
+    x = ScoreInput(paths, FieldStats.of(paths, totals), request, now, config, totals)
     scores, columns = score_paths(x)
     ranked = _rank(paths, scores, x.totals, request.model, state)
     chosen, explored, passed_over = _pick(ranked, paths, request.model, state, config, rng, draw)
