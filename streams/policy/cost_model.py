@@ -103,18 +103,29 @@ class PhaseCost(NamedTuple):
 
 
 def phase_cost(request: RequestWork, option: PhaseOption) -> PhaseCost:
-    """Queue wait, service seconds, dollars and memory headroom of the request's phase on the option's pool."""
+    """Queue wait, service seconds, dollars and memory headroom of the request's phase on the
+    option's pool: ``join_batch``, ``service_time``, ``queue_wait``, ``_dollars`` and
+    ``_headroom`` written out (the same arithmetic in the same order), since the router costs
+    every pool of every request."""
     pool, row = option.pool, option.row
-    tokens = request.prompt_tokens if option.phase is Phase.PREFILL else request.max_output_tokens
-    batch = join_batch(pool)
-    service_s = service_time(row, tokens, batch)
-    return PhaseCost(
-        option=option,
-        wait_s=queue_wait(pool, row, tokens),
-        service_s=service_s,
-        dollars=_dollars(pool, service_s, batch),
-        headroom=_headroom(kv_need_bytes(request, row, option.phase), free_kv_for_one(pool)),
-    )
+    prefill = option.phase is Phase.PREFILL
+    tokens = request.prompt_tokens if prefill else request.max_output_tokens
+    workers = pool.workers
+    batch = max(1, min(pool.max_batch, pool.in_flight // max(workers, 1) + 1))
+    service_s = tokens * batch / row.tokens_per_s(batch)
+    queue_tokens, queue_requests = pool.queue_tokens, pool.queue_requests
+    if queue_tokens <= 0 and queue_requests <= 0:
+        wait_s = 0.0
+    else:
+        capacity = workers * row.tokens_per_s(pool.max_batch)
+        queued = queue_tokens if queue_tokens > 0 else queue_requests * tokens
+        wait_s = math.inf if capacity <= 0 else queued / capacity
+    price = pool.price_per_hour
+    dollars = None if price is None else price / 3600.0 / max(workers, 1) * service_s / batch
+    need = (request.prompt_tokens if prefill else request.total_tokens) * row.kv_bytes_per_token
+    free = pool.free_kv_bytes if pool.worker_free_kv_bytes is None else pool.worker_free_kv_bytes
+    headroom = 1.0 if need <= 0 else (0.0 if free <= 0 else min(1.0, max(0.0, 1.0 - need / free)))
+    return PhaseCost(option, wait_s, service_s, dollars, headroom)
 
 
 def _headroom(need: float, free: float) -> float:

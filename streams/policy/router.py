@@ -30,15 +30,49 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Sequence
 
-from .confidence import effective_link
-from .cost_model import phase_cost
+from .confidence import ConfidenceConfig, effective_link
+from .cost_model import PhaseCost, phase_cost
 from .filters import kv_handover, path_filter, phase_options, required_quality
 from .paths import candidate_pairs
 from .quality import path_quality
 from .router_config import RouterConfig
 from .router_state import RouterState
 from .scorers import FieldStats, ScoreInput, parts_of, score_paths
-from .types import NoPlacement, PathEstimate, Phase, PoolState, ProfileTable, RequestWork, RoutingDecision
+from .types import (
+    LinkProfile,
+    NoPlacement,
+    PathEstimate,
+    Phase,
+    PoolState,
+    ProfileTable,
+    RequestWork,
+    RoutingDecision,
+)
+
+_PrefillParts = tuple[str, PoolState, "str | None", float, float, float, "float | None", float, float, float, float]
+_DecodeParts = tuple[str, PoolState, "str | None", float, float, "float | None", float, float, float]
+
+
+def _prefill_parts(c: PhaseCost, prompt_tokens: int) -> _PrefillParts:
+    """(name, pool, KV format, KV bytes, wait, service, dollars, headroom, quality, 1 - error
+    rate, decode-seconds stalled) of a prefill phase cost: ``combine``'s inputs from that side."""
+    pool, row = c.option.pool, c.option.row
+    stall = c.service_s * pool.in_flight if Phase.DECODE in pool.phases else 0.0
+    return (pool.name, pool, pool.kv_format, prompt_tokens * row.kv_bytes_per_token, c.wait_s, c.service_s,
+            c.dollars, c.headroom, row.quality_score, 1.0 - row.error_rate, stall)
+
+
+def _decode_parts(c: PhaseCost) -> _DecodeParts:
+    """(name, pool, KV format, wait, service, dollars, headroom, quality, 1 - error rate) of a decode phase cost."""
+    pool, row = c.option.pool, c.option.row
+    return (pool.name, pool, pool.kv_format, c.wait_s, c.service_s, c.dollars, c.headroom, row.quality_score,
+            1.0 - row.error_rate)
+
+
+def _links(profiles: ProfileTable, now: float, confidence: ConfidenceConfig) -> dict[tuple[str, str], LinkProfile]:
+    """The effective links looked up at ``now`` (filled as paths need them): one memo lookup per
+    request instead of one per path."""
+    return profiles.memo(("effective_links", confidence), now, dict)
 
 
 def _candidates(
@@ -63,31 +97,31 @@ def _candidates(
     need_quality = required_quality(request, config)
     measured_quality = bool(profiles.quality)
     prompt_tokens, usd_per_gb, model = request.prompt_tokens, config.transfer_usd_per_gb, request.model
+    links = _links(profiles, now, config.confidence)
+    # What a path takes from each phase's cost, read once per pool rather than once per path.
+    pre_parts = {id(c): _prefill_parts(c, prompt_tokens) for c in pre_costs}
+    dec_parts = {id(c): _decode_parts(c) for c in dec_costs}
     for p, d in candidate_pairs(pre_costs, dec_costs, config):
-        a, b = p.option.pool, d.option.pool
-        src, dst = a.name, b.name
-        row_p, row_d = p.option.row, d.option.row
-        kv_bytes = prompt_tokens * row_p.kv_bytes_per_token
+        src, pool_a, fmt_a, kv_bytes, prefill_wait, prefill_s, cost_p, head_p, q_p, ok_p, stall = pre_parts[id(p)]
+        dst, pool_b, fmt_b, decode_wait, decode_s, cost_d, head_d, q_d, ok_d = dec_parts[id(d)]
         if src == dst:
-            transfer_s, decode_wait, headroom, moved_bytes, moved = 0.0, 0.0, d.headroom, 0.0, 0.0
+            transfer_s, decode_wait, headroom, moved_bytes, moved = 0.0, 0.0, head_d, 0.0, 0.0
         else:
-            mismatch = kv_handover(a, b)
-            if mismatch is not None:
+            if fmt_a is None or fmt_b is None or fmt_a != fmt_b:
+                mismatch = kv_handover(pool_a, pool_b)
+                assert mismatch is not None
                 rejected.append((f"{src}->{dst}", mismatch))
                 continue
-            link = effective_link(profiles, src, dst, now, config.confidence)
+            link = links.get((src, dst))
+            if link is None:
+                link = links[(src, dst)] = effective_link(profiles, src, dst, now, config.confidence)
             transfer_s = link.latency_s + kv_bytes / link.bytes_per_s
-            decode_wait, headroom, moved_bytes = d.wait_s, min(d.headroom, p.headroom), kv_bytes
+            headroom, moved_bytes = min(head_d, head_p), kv_bytes
             moved = kv_bytes / 1e9 * usd_per_gb
-        cost_p, cost_d = p.dollars, d.dollars
-        prefill_wait, prefill_s, decode_s = p.wait_s, p.service_s, d.service_s
         estimate = PathEstimate(
             src, dst, prefill_wait, prefill_s, transfer_s, decode_wait, decode_s, moved_bytes,
             None if cost_p is None or cost_d is None else cost_p + cost_d + moved,
-            row_p.quality_score * row_d.quality_score,
-            (1.0 - row_p.error_rate) * (1.0 - row_d.error_rate),
-            headroom,
-            prefill_s * a.in_flight if Phase.DECODE in a.phases else 0.0,
+            q_p * q_d, ok_p * ok_d, headroom, stall,
         )
         measured = path_quality(profiles, model, src, dst, now) if measured_quality else None
         if measured is not None:
