@@ -164,12 +164,10 @@ def _rank(paths: list[PathEstimate], scores: list[float], totals: Sequence[float
           state: RouterState) -> list[int]:
     """Path indices, best score first; equal scores (to 1e-9, so float noise cannot herd) go to
     the pool owed the most traffic share, then to the shorter estimate, then by name."""
-    credit_p = {a: state.credit(model, Phase.PREFILL, a) for a in {e.prefill_pool for e in paths}}
-    credit_d = {b: state.credit(model, Phase.DECODE, b) for b in {e.decode_pool for e in paths}}
+    credit_p, credit_d = state.credits(model, Phase.PREFILL).get, state.credits(model, Phase.DECODE).get
     keys = [
-        (-round(score, 9), -(credit_p[e.prefill_pool] + credit_d[e.decode_pool]), total, e.prefill_pool,
-         e.decode_pool, i)
-        for i, (e, score, total) in enumerate(zip(paths, scores, totals))
+        (-round(score, 9), -(credit_p(e[0], 0.0) + credit_d(e[1], 0.0)), total, e[0], e[1], i)
+        for i, (e, score, total) in enumerate(zip(paths, scores, totals))  # e[0], e[1]: its prefill and decode pools
     ]
     keys.sort()
     return [k[-1] for k in keys]

@@ -29,6 +29,7 @@ from .router_config import RouterConfig
 from .types import Phase, PoolState, ProfileTable, RequestWork, RoutingDecision
 
 ShareKey = tuple[str, Phase]  # (model, phase)
+_NO_CREDIT: Mapping[str, float] = {}
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,10 @@ class RouterState:
     def credit(self, model: str, phase: Phase, pool: str) -> float:
         """Tokens the pool is owed (> 0) or has taken beyond its target share (< 0)."""
         return self._credit.get((model, phase), {}).get(pool, 0.0)
+
+    def credits(self, model: str, phase: Phase) -> Mapping[str, float]:
+        """Every pool's ``credit`` of (model, phase) (a pool not in it has 0); read-only."""
+        return self._credit.get((model, phase), _NO_CREDIT)
 
     def realized(self, model: str, phase: Phase) -> dict[str, float]:
         """Decayed share of routed tokens per pool (decay is common to all pools of a key, so

@@ -69,8 +69,8 @@ def _ratio(best: float, value: float) -> float:
 
 
 def completion(x: ScoreInput) -> list[float]:
-    best = x.field.best_total_s
-    return [_ratio(best, total) for total in x.totals]
+    best, isinf = x.field.best_total_s, math.isinf  # _ratio, written out: it runs for every path
+    return [0.0 if isinf(total) else 1.0 if total <= 0 else best / total for total in x.totals]
 
 
 def cost(x: ScoreInput) -> list[float]:
@@ -78,7 +78,8 @@ def cost(x: ScoreInput) -> list[float]:
     if best is None:
         return [1.0] * len(x.estimates)  # no pool carries a price: money does not separate the paths
     # unpriced among priced pools: neither free nor the most expensive
-    return [0.5 if e.cost is None else _ratio(best, e.cost) for e in x.estimates]
+    isinf = math.isinf  # _ratio, written out: it runs for every path
+    return [0.5 if (c := e.cost) is None else 0.0 if isinf(c) else 1.0 if c <= 0 else best / c for e in x.estimates]
 
 
 def memory(x: ScoreInput) -> list[float]:
