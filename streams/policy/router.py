@@ -31,9 +31,10 @@ import random
 from collections.abc import Iterable, Sequence
 
 from .confidence import ConfidenceConfig, effective_link
-from .cost_model import PhaseCost, phase_cost
-from .filters import kv_handover, path_filter, phase_options, required_quality
+from .cost_model import PhaseCost
+from .filters import kv_handover, path_filter, required_quality
 from .paths import candidate_pairs
+from .phase_view import phase_costs
 from .quality import path_quality
 from .router_config import RouterConfig
 from .router_state import RouterState
@@ -75,6 +76,31 @@ def _links(profiles: ProfileTable, now: float, confidence: ConfidenceConfig) -> 
     return profiles.memo(("effective_links", confidence), now, dict)
 
 
+_new_estimate = tuple.__new__
+
+
+def _pairs(pre_costs: list[PhaseCost], dec_costs: list[PhaseCost], prompt_tokens: int,
+           config: RouterConfig) -> list[tuple[_PrefillParts, _DecodeParts]]:
+    """``paths.candidate_pairs`` as (prefill parts, decode parts). When every pair is built (no
+    pruning: ``disaggregation_candidates`` is 0 or covers both phases) and the pool names are
+    distinct, the pairs are listed here in ``candidate_pairs``' order (colocated ones in
+    prefill order, then every other pair, prefill-major) without its dictionaries."""
+    pre = [_prefill_parts(c, prompt_tokens) for c in pre_costs]
+    dec = [_decode_parts(c) for c in dec_costs]
+    k = config.disaggregation_candidates
+    by_decode = {d[0]: d for d in dec}
+    if (len(by_decode) == len(dec) and len({p[0] for p in pre}) == len(pre)
+            and (not config.allow_disaggregation or k == 0 or (len(pre) <= k and len(dec) <= k))):
+        pairs = [(p, by_decode[p[0]]) for p in pre if p[0] in by_decode]
+        if config.allow_disaggregation:
+            pairs += [(p, d) for p in pre for d in dec if p[0] != d[0]]
+        return pairs
+    # What a path takes from each phase's cost, read once per pool rather than once per path.
+    pre_parts = {id(c): parts for c, parts in zip(pre_costs, pre)}
+    dec_parts = {id(c): parts for c, parts in zip(dec_costs, dec)}
+    return [(pre_parts[id(p)], dec_parts[id(d)]) for p, d in candidate_pairs(pre_costs, dec_costs, config)]
+
+
 def _candidates(
     request: RequestWork,
     pools: list[PoolState],
@@ -87,23 +113,18 @@ def _candidates(
     pool/phase or path was dropped. ``cost_model.combine`` written out for the pairs of one
     request (the same arithmetic in the same order: the estimates are bit for bit the same),
     since this loop runs for every path of every request."""
-    pre, rejected = phase_options(request, pools, profiles, Phase.PREFILL, now, config, skip=skip)
-    dec, rejected_d = phase_options(request, pools, profiles, Phase.DECODE, now, config, skip=skip)
+    pre_costs, rejected = phase_costs(request, pools, profiles, Phase.PREFILL, now, config, skip=skip)
+    dec_costs, rejected_d = phase_costs(request, pools, profiles, Phase.DECODE, now, config, skip=skip)
     rejected += rejected_d
     paths: list[PathEstimate] = []
     totals: list[float] = []
-    pre_costs = [phase_cost(request, o) for o in pre]
-    dec_costs = [phase_cost(request, o) for o in dec]
     need_quality = required_quality(request, config)
     measured_quality = bool(profiles.quality)
     prompt_tokens, usd_per_gb, model = request.prompt_tokens, config.transfer_usd_per_gb, request.model
     links = _links(profiles, now, config.confidence)
-    # What a path takes from each phase's cost, read once per pool rather than once per path.
-    pre_parts = {id(c): _prefill_parts(c, prompt_tokens) for c in pre_costs}
-    dec_parts = {id(c): _decode_parts(c) for c in dec_costs}
-    for p, d in candidate_pairs(pre_costs, dec_costs, config):
-        src, pool_a, fmt_a, kv_bytes, prefill_wait, prefill_s, cost_p, head_p, q_p, ok_p, stall = pre_parts[id(p)]
-        dst, pool_b, fmt_b, decode_wait, decode_s, cost_d, head_d, q_d, ok_d = dec_parts[id(d)]
+    for pre, dec in _pairs(pre_costs, dec_costs, prompt_tokens, config):
+        src, pool_a, fmt_a, kv_bytes, prefill_wait, prefill_s, cost_p, head_p, q_p, ok_p, stall = pre
+        dst, pool_b, fmt_b, decode_wait, decode_s, cost_d, head_d, q_d, ok_d = dec
         if src == dst:
             transfer_s, decode_wait, headroom, moved_bytes, moved = 0.0, 0.0, head_d, 0.0, 0.0
         else:
@@ -118,11 +139,11 @@ def _candidates(
             transfer_s = link.latency_s + kv_bytes / link.bytes_per_s
             headroom, moved_bytes = min(head_d, head_p), kv_bytes
             moved = kv_bytes / 1e9 * usd_per_gb
-        estimate = PathEstimate(
+        estimate = _new_estimate(PathEstimate, (  # PathEstimate(...) without its Python-level __new__
             src, dst, prefill_wait, prefill_s, transfer_s, decode_wait, decode_s, moved_bytes,
             None if cost_p is None or cost_d is None else cost_p + cost_d + moved,
             q_p * q_d, ok_p * ok_d, headroom, stall,
-        )
+        ))
         measured = path_quality(profiles, model, src, dst, now) if measured_quality else None
         if measured is not None:
             estimate = estimate._replace(quality=measured.score)

@@ -68,6 +68,14 @@ def _ratio(best: float, value: float) -> float:
     return 1.0 if value <= 0 else best / value
 
 
+def _clamped(values: list[float]) -> list[float]:
+    """``values`` with each clamped to [0, 1] (NaN to 0); the list itself when all are in range."""
+    isnan = math.isnan
+    if values and min(values) >= 0.0 and max(values) <= 1.0 and not any(map(isnan, values)):
+        return values
+    return [v if 0.0 <= v <= 1.0 else 0.0 if isnan(v) else min(1.0, max(0.0, v)) for v in values]
+
+
 def completion(x: ScoreInput) -> list[float]:
     best, isinf = x.field.best_total_s, math.isinf  # _ratio, written out: it runs for every path
     return [0.0 if isinf(total) else 1.0 if total <= 0 else best / total for total in x.totals]
@@ -128,7 +136,7 @@ def score_paths(x: ScoreInput) -> tuple[list[float], Columns]:
     """The weighted mean of every scorer with a weight > 0 for each path (in ``x.estimates``
     order), and the per-scorer values, clamped to [0, 1], as columns (``parts_of`` picks one path's)."""
     active = _active(x.config.weights)
-    columns = tuple((name, [v if 0.0 <= v <= 1.0 else _clamp(v) for v in fn(x)]) for name, fn, _ in active)
+    columns = tuple((name, _clamped(fn(x))) for name, fn, _ in active)
     weights = [weight for _, _, weight in active]
     totals = [sum(map(operator.mul, weights, path)) for path in zip(*(values for _, values in columns))]
     return totals, columns
