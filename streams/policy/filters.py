@@ -131,9 +131,6 @@ POOL_FILTERS: tuple[tuple[str, Filter], ...] = (
 )
 
 
-_QUICK_SKIPS = frozenset({"room_now", "not_avoided"})  # the filters ``phase_options``' quick check can leave out
-
-
 @functools.lru_cache(maxsize=16)
 def _filters_without(skip: frozenset[str]) -> tuple[tuple[str, Filter], ...]:
     return tuple((name, check) for name, check in POOL_FILTERS if name not in skip)
@@ -160,29 +157,10 @@ def phase_options(
     """Pools that pass every filter for ``phase`` (with their effective rows), and why the rest failed."""
     kept: list[PhaseOption] = []
     rejected: list[tuple[str, str]] = []
-    model, confidence = request.model, config.confidence
-    # The common case (a pool that passes every filter) is checked in one expression with the
-    # filters' own comparisons; a pool that fails it goes through ``first_rejection`` for its reason.
-    quick = skip <= _QUICK_SKIPS
-    timeout, max_error, need_quality = config.heartbeat_timeout_s, config.max_error_rate, required_quality(request, config)
-    check_room = "room_now" not in skip
-    avoid = request.avoid_pools if "not_avoided" not in skip else frozenset()
-    tokens = request.prompt_tokens if phase is Phase.PREFILL else request.total_tokens
     for pool in pools:
         profile = None
-        if phase in pool.phases and model in pool.models:
-            profile = effective_profile(profiles, model, phase, pool.name, pool.variant, now, confidence)
-            if quick and profile is not None:
-                row = profile.row
-                need = tokens * row.kv_bytes_per_token
-                capacity, worker_free = pool.worker_kv_capacity_bytes, pool.worker_free_kv_bytes
-                if (pool.alive and not pool.workers < 1 and not now - pool.last_heartbeat > timeout
-                        and row.error_rate < max_error and row.quality_score >= need_quality
-                        and not need > pool.free_kv_bytes and (capacity is None or not need > capacity)
-                        and (not check_room or worker_free is None or need <= worker_free)
-                        and pool.name not in avoid):
-                    kept.append(PhaseOption(pool, phase, row, profile.confidence))
-                    continue
+        if pool.serves(phase) and request.model in pool.models:
+            profile = effective_profile(profiles, request.model, phase, pool.name, pool.variant, now, config.confidence)
         reason = first_rejection(FilterInput(request, pool, phase, profile, now, config), skip=skip)
         if reason is None and profile is not None:
             kept.append(PhaseOption(pool, phase, profile.row, profile.confidence))
