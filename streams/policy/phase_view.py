@@ -116,9 +116,17 @@ def phase_costs(
                     queued = queue_tokens if queue_tokens > 0 else queue_requests * tokens
                     wait_s = math.inf if view.capacity <= 0 else queued / view.capacity
                 per_worker_s, free = view.per_worker_s, view.free_for_one
+                if need <= 0:
+                    headroom = 1.0
+                elif free <= 0:
+                    headroom = 0.0
+                else:  # min(1.0, max(0.0, h)) as comparisons: max keeps 0.0 unless h > 0.0, min keeps 1.0 unless < 1.0
+                    headroom = 1.0 - need / free
+                    headroom = headroom if headroom > 0.0 else 0.0
+                    headroom = headroom if headroom < 1.0 else 1.0
                 costs.append(PhaseCost(
                     option, wait_s, service_s, None if per_worker_s is None else per_worker_s * service_s / batch,
-                    1.0 if need <= 0 else (0.0 if free <= 0 else min(1.0, max(0.0, 1.0 - need / free))),
+                    headroom,
                 ))
                 continue
         profile = None

@@ -137,7 +137,7 @@ def _candidates(
             if link is None:
                 link = links[(src, dst)] = effective_link(profiles, src, dst, now, config.confidence)
             transfer_s = link.latency_s + kv_bytes / link.bytes_per_s
-            headroom, moved_bytes = min(head_d, head_p), kv_bytes
+            headroom, moved_bytes = head_p if head_p < head_d else head_d, kv_bytes  # min(head_d, head_p)
             moved = kv_bytes / 1e9 * usd_per_gb
         estimate = _new_estimate(PathEstimate, (  # PathEstimate(...) without its Python-level __new__
             src, dst, prefill_wait, prefill_s, transfer_s, decode_wait, decode_s, moved_bytes,
@@ -185,10 +185,12 @@ def _rank(paths: list[PathEstimate], scores: list[float], totals: Sequence[float
           state: RouterState) -> list[int]:
     """Path indices, best score first; equal scores (to 1e-9, so float noise cannot herd) go to
     the pool owed the most traffic share, then to the shorter estimate, then by name."""
-    credit_p, credit_d = state.credits(model, Phase.PREFILL).get, state.credits(model, Phase.DECODE).get
+    credits_p, credits_d = state.credits(model, Phase.PREFILL), state.credits(model, Phase.DECODE)
+    credit_p = {e[0]: credits_p.get(e[0], 0.0) for e in paths}  # e[0], e[1]: a path's prefill and decode pools
+    credit_d = {e[1]: credits_d.get(e[1], 0.0) for e in paths}
     keys = [
-        (-round(score, 9), -(credit_p(e[0], 0.0) + credit_d(e[1], 0.0)), total, e[0], e[1], i)
-        for i, (e, score, total) in enumerate(zip(paths, scores, totals))  # e[0], e[1]: its prefill and decode pools
+        (-round(score, 9), -(credit_p[e[0]] + credit_d[e[1]]), total, e[0], e[1], i)
+        for i, (e, score, total) in enumerate(zip(paths, scores, totals))
     ]
     keys.sort()
     return [k[-1] for k in keys]

@@ -69,11 +69,11 @@ def _ratio(best: float, value: float) -> float:
 
 
 def _clamped(values: list[float]) -> list[float]:
-    """``values`` with each clamped to [0, 1] (NaN to 0); the list itself when all are in range."""
-    isnan = math.isnan
-    if values and min(values) >= 0.0 and max(values) <= 1.0 and not any(map(isnan, values)):
+    """``values`` with each clamped to [0, 1] as ``_clamp`` does (NaN to 0); the list itself
+    when all are in range."""
+    if values and min(values) >= 0.0 and max(values) <= 1.0 and not any(map(math.isnan, values)):
         return values
-    return [v if 0.0 <= v <= 1.0 else 0.0 if isnan(v) else min(1.0, max(0.0, v)) for v in values]
+    return [v if 0.0 <= v <= 1.0 else 1.0 if v > 1.0 else 0.0 for v in values]  # NaN fails both tests: 0
 
 
 def completion(x: ScoreInput) -> list[float]:
