@@ -182,13 +182,14 @@ def _reason(chosen: int, ranked: list[int], paths: list[PathEstimate], scores: l
 
 
 def _rank(paths: list[PathEstimate], scores: list[float], totals: Sequence[float], model: str,
-          state: RouterState) -> list[int]:
+          state: RouterState, prefill_pools: set[str], decode_pools: set[str]) -> list[int]:
     """Path indices, best score first; equal scores (to 1e-9, so float noise cannot herd) go to
-    the pool owed the most traffic share, then to the shorter estimate, then by name."""
+    the pool owed the most traffic share, then to the shorter estimate, then by name.
+    ``prefill_pools``, ``decode_pools``: the pools the paths use for each phase."""
     credits_p, credits_d = state.credits(model, Phase.PREFILL), state.credits(model, Phase.DECODE)
-    credit_p = {e[0]: credits_p.get(e[0], 0.0) for e in paths}  # e[0], e[1]: a path's prefill and decode pools
-    credit_d = {e[1]: credits_d.get(e[1], 0.0) for e in paths}
-    keys = [
+    credit_p = {a: credits_p.get(a, 0.0) for a in prefill_pools}
+    credit_d = {b: credits_d.get(b, 0.0) for b in decode_pools}
+    keys = [  # e[0], e[1]: a path's prefill and decode pools
         (-round(score, 9), -(credit_p[e[0]] + credit_d[e[1]]), total, e[0], e[1], i)
         for i, (e, score, total) in enumerate(zip(paths, scores, totals))
     ]
@@ -198,11 +199,12 @@ def _rank(paths: list[PathEstimate], scores: list[float], totals: Sequence[float
 
 def _pick(
     ranked: list[int], paths: list[PathEstimate], model: str, state: RouterState, config: RouterConfig,
-    rng: random.Random, draw: float,
+    rng: random.Random, draw: float, pools_used: set[str],
 ) -> tuple[int, bool, int]:
-    """(chosen path index, whether it was an exploration pick, how many better paths were passed over)."""
+    """(chosen path index, whether it was an exploration pick, how many better paths were passed
+    over); ``pools_used``: every pool some path uses."""
     if draw < config.exploration_share:
-        explorable = sorted({e.prefill_pool for e in paths} | {e.decode_pool for e in paths})
+        explorable = sorted(pools_used)
         if len(explorable) > 1:
             target = explorable[rng.randrange(len(explorable))]
             return next(i for i in ranked if target in (paths[i].prefill_pool, paths[i].decode_pool)), True, 0
@@ -238,8 +240,10 @@ def route(
         return NoPlacement(request.request_id, reason, tuple(rejected))
     x = ScoreInput(paths, FieldStats.of(paths, totals), request, now, config, totals)
     scores, columns = score_paths(x)
-    ranked = _rank(paths, scores, x.totals, request.model, state)
-    chosen, explored, passed_over = _pick(ranked, paths, request.model, state, config, rng, draw)
+    prefill_pools, decode_pools = {e[0] for e in paths}, {e[1] for e in paths}
+    ranked = _rank(paths, scores, x.totals, request.model, state, prefill_pools, decode_pools)
+    chosen, explored, passed_over = _pick(ranked, paths, request.model, state, config, rng, draw,
+                                          prefill_pools | decode_pools)
     e = paths[chosen]
     return RoutingDecision(
         request_id=request.request_id,
@@ -253,6 +257,6 @@ def route(
         explored=explored,
         reason=_reason(chosen, ranked, paths, scores, explored, passed_over),
         rejected=tuple(rejected),
-        eligible_prefill=tuple(sorted({p.prefill_pool for p in paths})),
-        eligible_decode=tuple(sorted({p.decode_pool for p in paths})),
+        eligible_prefill=tuple(sorted(prefill_pools)),
+        eligible_decode=tuple(sorted(decode_pools)),
     )
