@@ -41,26 +41,31 @@ def join_batch(pool: PoolState) -> int:
     return max(1, min(pool.max_batch, per_worker + 1))
 
 
+def share_seconds(tokens: int, batch: int, batch_tokens_per_s: float) -> float:
+    """Seconds for ``tokens`` of one request sharing a batch of ``batch`` that runs at
+    ``batch_tokens_per_s`` in all."""
+    return tokens * batch / batch_tokens_per_s
+
+
 def service_time(row: ProfileRow, tokens: int, batch: int) -> float:
     """Seconds for ``tokens`` of one request sharing a batch of ``batch`` at the measured throughput."""
-    return tokens * batch / row.tokens_per_s(batch)
+    return share_seconds(tokens, batch, row.tokens_per_s(batch))
+
+
+def full_batch_capacity(pool: PoolState, row: ProfileRow) -> float:
+    """Tokens per second of the whole pool at full batch: what drains its queue."""
+    return pool.workers * row.tokens_per_s(pool.max_batch)
 
 
 def pool_tokens_per_s(pool: PoolState, row: ProfileRow) -> float:
     """Useful throughput of the whole pool at full batch (failed work does not count)."""
-    return pool.workers * row.tokens_per_s(pool.max_batch) * (1.0 - row.error_rate)
+    return full_batch_capacity(pool, row) * (1.0 - row.error_rate)
 
 
-def queue_wait(pool: PoolState, row: ProfileRow, request_tokens: int) -> float:
-    """Seconds the request waits behind the pool's queue (queued requests of unknown size count
-    as the size of this one)."""
-    if pool.queue_tokens <= 0 and pool.queue_requests <= 0:
-        return 0.0
-    capacity = pool.workers * row.tokens_per_s(pool.max_batch)
-    if capacity <= 0:
-        return math.inf
-    queued = pool.queue_tokens if pool.queue_tokens > 0 else pool.queue_requests * request_tokens
-    return queued / capacity
+def price_per_worker_s(pool: PoolState) -> float | None:
+    """Dollars per worker-second on ``pool``, None when it has no price."""
+    price = pool.price_per_hour
+    return None if price is None else price / 3600.0 / max(pool.workers, 1)
 
 
 def free_kv_for_one(pool: PoolState) -> float:
@@ -78,13 +83,6 @@ def transfer_time(link: LinkProfile, nbytes: float) -> float:
     return link.latency_s + nbytes / link.bytes_per_s
 
 
-def _dollars(pool: PoolState, seconds: float, batch: int) -> float | None:
-    if pool.price_per_hour is None:
-        return None
-    per_worker_s = pool.price_per_hour / 3600.0 / max(pool.workers, 1)
-    return per_worker_s * seconds / batch
-
-
 class PhaseCost(NamedTuple):
     """One phase of one request on one pool: computed once per decision and shared by every
     path through that pool (so a decision over P prefill and D decode pools costs P + D of
@@ -95,43 +93,63 @@ class PhaseCost(NamedTuple):
     wait_s: float  # behind the pool's queue
     service_s: float  # the request's share of its batch
     dollars: float | None  # None when the pool has no price
-    headroom: float  # KV memory headroom after the request's need (``_headroom``)
+    headroom: float  # KV memory headroom after the request's need, in [0, 1]
 
     @property
     def seconds(self) -> float:
         return self.wait_s + self.service_s
 
 
-def phase_cost(request: RequestWork, option: PhaseOption) -> PhaseCost:
+class CostInputs(NamedTuple):
+    """What a phase cost reads from the pool and row but not from the request (``cost_inputs``)."""
+
+    batch: int  # the batch a new request joins (``join_batch``)
+    batch_tokens_per_s: float  # the row's throughput at that batch
+    capacity: float  # ``full_batch_capacity``: what drains the queue
+    per_worker_s: float | None  # ``price_per_worker_s``
+    free_for_one: float  # ``free_kv_for_one``
+
+
+def cost_inputs(pool: PoolState, row: ProfileRow) -> CostInputs:
+    """The request-independent inputs of ``cost_from`` for ``row`` on ``pool``."""
+    batch = join_batch(pool)
+    return CostInputs(batch, row.tokens_per_s(batch), full_batch_capacity(pool, row), price_per_worker_s(pool),
+                      free_kv_for_one(pool))
+
+
+def cost_from(request: RequestWork, option: PhaseOption, inputs: CostInputs) -> PhaseCost:
     """Queue wait, service seconds, dollars and memory headroom of the request's phase on the
-    option's pool: ``join_batch``, ``service_time``, ``queue_wait``, ``_dollars`` and
-    ``_headroom`` written out (the same arithmetic in the same order), since the router costs
-    every pool of every request."""
-    pool, row = option.pool, option.row
+    option's pool, from the pool's request-independent ``inputs`` (``cost_inputs``; the router
+    keeps them per pool state, ``phase_view``). Queued requests of unknown size count as the
+    size of this one; the headroom is 1 - need / free clamped to [0, 1]."""
+    pool = option.pool
     prefill = option.phase is Phase.PREFILL
     tokens = request.prompt_tokens if prefill else request.max_output_tokens
-    workers = pool.workers
-    batch = max(1, min(pool.max_batch, pool.in_flight // max(workers, 1) + 1))
-    service_s = tokens * batch / row.tokens_per_s(batch)
+    batch = inputs.batch
+    service_s = share_seconds(tokens, batch, inputs.batch_tokens_per_s)
     queue_tokens, queue_requests = pool.queue_tokens, pool.queue_requests
     if queue_tokens <= 0 and queue_requests <= 0:
         wait_s = 0.0
     else:
-        capacity = workers * row.tokens_per_s(pool.max_batch)
         queued = queue_tokens if queue_tokens > 0 else queue_requests * tokens
-        wait_s = math.inf if capacity <= 0 else queued / capacity
-    price = pool.price_per_hour
-    dollars = None if price is None else price / 3600.0 / max(workers, 1) * service_s / batch
-    need = (request.prompt_tokens if prefill else request.total_tokens) * row.kv_bytes_per_token
-    free = pool.free_kv_bytes if pool.worker_free_kv_bytes is None else pool.worker_free_kv_bytes
-    headroom = 1.0 if need <= 0 else (0.0 if free <= 0 else min(1.0, max(0.0, 1.0 - need / free)))
+        wait_s = math.inf if inputs.capacity <= 0 else queued / inputs.capacity
+    per_worker_s = inputs.per_worker_s
+    need, free = kv_need_bytes(request, option.row, option.phase), inputs.free_for_one
+    if need <= 0:
+        headroom = 1.0
+    elif free <= 0:
+        headroom = 0.0
+    else:  # min(1.0, max(0.0, h)) as comparisons: max keeps 0.0 unless h > 0.0, min keeps 1.0 unless h < 1.0
+        headroom = 1.0 - need / free
+        headroom = headroom if headroom > 0.0 else 0.0
+        headroom = headroom if headroom < 1.0 else 1.0
+    dollars = None if per_worker_s is None else per_worker_s * service_s / batch
     return PhaseCost(option, wait_s, service_s, dollars, headroom)
 
 
-def _headroom(need: float, free: float) -> float:
-    if need <= 0:
-        return 1.0
-    return 0.0 if free <= 0 else min(1.0, max(0.0, 1.0 - need / free))
+def phase_cost(request: RequestWork, option: PhaseOption) -> PhaseCost:
+    """``cost_from`` with the inputs computed now (the router keeps them per pool state instead)."""
+    return cost_from(request, option, cost_inputs(option.pool, option.row))
 
 
 def transfer_dollars(kv_bytes: float, usd_per_gb: float) -> float:

@@ -13,8 +13,9 @@
    quality tier are dropped (the quality canaries measured on the path when there is one:
    ``quality.path_quality``). Steps 1-2 run for every pool and path of every request, so they
    are written for speed with the same results: ``phase_view.phase_costs`` filters and costs a
-   phase from what it keeps per pool state for the table's ``now`` (the same comparisons and
-   arithmetic as ``filters.phase_options`` + ``phase_cost``), and ``_candidates`` does
+   phase from what it keeps per pool state for the table's ``now`` (the request-independent
+   filters' verdict and cost inputs), then runs the request filters and the cost arithmetic
+   (``filters.request_rejection``, ``cost_model.cost_from``), and ``_candidates`` does
    ``combine``'s sums inline (in the same order, so every estimate is bit for bit the same).
 3. Score every path with the weighted scorers (each in [0, 1]; a column of values at a time).
 4. Pick: with probability ``exploration_share`` a uniformly random eligible pool (the best

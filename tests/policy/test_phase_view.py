@@ -1,5 +1,5 @@
 """The router's fast paths give exactly what the plain functions give: ``phase_view.phase_costs``
-against ``filters.phase_options`` + ``cost_model.phase_cost``, and the router's pair list against
+(views kept per pool state) against every filter and ``cost_model.phase_cost`` run afresh, and the router's pair list against
 ``paths.candidate_pairs`` (same pools, same order, same floats, same rejection reasons)."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from phaseroute.streams.policy import Phase, QualityTier, RouterConfig
-from phaseroute.streams.policy.cost_model import phase_cost
-from phaseroute.streams.policy.filters import phase_options
+from phaseroute.streams.policy.confidence import effective_profile
+from phaseroute.streams.policy.cost_model import PhaseOption, phase_cost
+from phaseroute.streams.policy.filters import PoolInput, pool_rejection, request_rejection
 from phaseroute.streams.policy.paths import candidate_pairs
 from phaseroute.streams.policy.phase_view import phase_costs
 from phaseroute.streams.policy.router import _pairs
@@ -40,6 +41,29 @@ def _fleet(mk):
                         err=0.6 if p.name == "flaky" else 0.01,
                         quality=0.9 if p.name == "lossy" else 1.0)
     return pools, mk.table(*rows)
+
+
+def phase_options(request, pools, table, phase, now, config, *, skip=frozenset()):
+    """The plain reference: each pool through the filters afresh, nothing kept between calls."""
+    kept, rejected = [], []
+    for pool in pools:
+        profile = None
+        if pool.serves(phase) and request.model in pool.models:
+            profile = effective_profile(table, request.model, phase, pool.name, pool.variant, now, config.confidence)
+        reason = pool_rejection(PoolInput(pool, phase, request.model, profile, now, config))
+        if reason is None:
+            reason = request_rejection(request, pool, profile.row, phase, config, skip=skip)
+        if reason is None:
+            kept.append(PhaseOption(pool, phase, profile.row, profile.confidence))
+        elif pool.serves(phase):
+            rejected.append((f"{pool.name}/{phase.slug}", reason))
+    return kept, rejected
+
+
+def test_phase_costs_refuse_to_skip_a_request_independent_filter(mk):
+    pools, table = _fleet(mk)
+    with pytest.raises(ValueError, match="alive"):
+        phase_costs(mk.req(), pools, table, Phase.PREFILL, mk.NOW, RouterConfig(), skip=frozenset({"alive"}))
 
 
 REQUESTS = [
