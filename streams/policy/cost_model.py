@@ -157,6 +157,52 @@ def transfer_dollars(kv_bytes: float, usd_per_gb: float) -> float:
     return kv_bytes / 1e9 * usd_per_gb
 
 
+PrefillSide = tuple[str, PoolState, float, float, float, "float | None", float, float, float, float]
+DecodeSide = tuple[str, PoolState, float, float, "float | None", float, float, float]
+
+
+def prefill_side(c: PhaseCost, prompt_tokens: int) -> PrefillSide:
+    """(name, pool, KV bytes, wait, service, dollars, headroom, quality, 1 - error rate,
+    decode-seconds stalled) of a prefill phase cost: what a path takes from its prefill side
+    (a tuple, built once per pool and read by every path through it)."""
+    pool, row = c.option.pool, c.option.row
+    stall = c.service_s * pool.in_flight if Phase.DECODE in pool.phases else 0.0
+    return (pool.name, pool, prompt_tokens * row.kv_bytes_per_token, c.wait_s, c.service_s, c.dollars,
+            c.headroom, row.quality_score, 1.0 - row.error_rate, stall)
+
+
+def decode_side(c: PhaseCost) -> DecodeSide:
+    """(name, pool, wait, service, dollars, headroom, quality, 1 - error rate) of a decode phase cost."""
+    pool, row = c.option.pool, c.option.row
+    return (pool.name, pool, c.wait_s, c.service_s, c.dollars, c.headroom, row.quality_score, 1.0 - row.error_rate)
+
+
+_new_estimate = tuple.__new__  # PathEstimate(...) without its Python-level __new__
+
+
+def path_estimate(pre: PrefillSide, dec: DecodeSide, link: LinkProfile | None,
+                  transfer_usd_per_gb: float = 0.0) -> PathEstimate:
+    """The estimate of prefill on ``pre``'s pool and decode on ``dec``'s: a colocated path
+    queues once and moves no KV; a disaggregated one adds the transfer over ``link`` and the
+    decode pool's queue, and its dollars add the KV moved at ``transfer_usd_per_gb``. ``link``
+    is ignored (and may be None) when the path is colocated."""
+    src, _, kv_bytes, prefill_wait, prefill_s, cost_p, head_p, q_p, ok_p, stall = pre
+    dst, _, decode_wait, decode_s, cost_d, head_d, q_d, ok_d = dec
+    if src == dst:
+        transfer_s, decode_wait, headroom, moved_bytes, moved = 0.0, 0.0, head_d, 0.0, 0.0
+    else:
+        if link is None:
+            raise ValueError(f"estimate_path: a link profile is needed for {src} -> {dst}")
+        transfer_s = transfer_time(link, kv_bytes)
+        headroom, moved_bytes = head_p if head_p < head_d else head_d, kv_bytes  # min(head_d, head_p)
+        moved = transfer_dollars(kv_bytes, transfer_usd_per_gb)
+    return _new_estimate(PathEstimate, (
+        src, dst, prefill_wait, prefill_s, transfer_s, decode_wait, decode_s, moved_bytes,
+        None if cost_p is None or cost_d is None else cost_p + cost_d + moved,
+        q_p * q_d, ok_p * ok_d, headroom, stall,
+    ))
+
+
 def combine(
     request: RequestWork,
     prefill: PhaseCost,
@@ -164,38 +210,8 @@ def combine(
     link: LinkProfile | None,
     transfer_usd_per_gb: float = 0.0,
 ) -> PathEstimate:
-    """The estimate of prefill on ``prefill``'s pool and decode on ``decode``'s: a colocated
-    path queues once and moves no KV; a disaggregated one adds the transfer over ``link`` and
-    the decode pool's queue, and its dollars add the KV moved at ``transfer_usd_per_gb``.
-    ``link`` is ignored (and may be None) when the path is colocated."""
-    a, b = prefill.option.pool, decode.option.pool
-    row_p, row_d = prefill.option.row, decode.option.row
-    colocated = a.name == b.name
-    kv_bytes = request.prompt_tokens * row_p.kv_bytes_per_token
-    if colocated:
-        transfer_s, decode_wait, headroom = 0.0, 0.0, decode.headroom
-    else:
-        if link is None:
-            raise ValueError(f"estimate_path: a link profile is needed for {a.name} -> {b.name}")
-        transfer_s = transfer_time(link, kv_bytes)
-        decode_wait, headroom = decode.wait_s, min(decode.headroom, prefill.headroom)
-    cost_p, cost_d = prefill.dollars, decode.dollars
-    moved = 0.0 if colocated else transfer_dollars(kv_bytes, transfer_usd_per_gb)
-    return PathEstimate(
-        prefill_pool=a.name,
-        decode_pool=b.name,
-        prefill_wait_s=prefill.wait_s,
-        prefill_s=prefill.service_s,
-        transfer_s=transfer_s,
-        decode_wait_s=decode_wait,
-        decode_s=decode.service_s,
-        kv_bytes=0.0 if colocated else kv_bytes,
-        cost=None if cost_p is None or cost_d is None else cost_p + cost_d + moved,
-        quality=row_p.quality_score * row_d.quality_score,
-        success_prob=(1.0 - row_p.error_rate) * (1.0 - row_d.error_rate),
-        memory_headroom=headroom,
-        stall_s=prefill.service_s * a.in_flight if Phase.DECODE in a.phases else 0.0,
-    )
+    """``path_estimate`` of the two phase costs of ``request``."""
+    return path_estimate(prefill_side(prefill, request.prompt_tokens), decode_side(decode), link, transfer_usd_per_gb)
 
 
 def estimate_path(

@@ -15,8 +15,9 @@
    are written for speed with the same results: ``phase_view.phase_costs`` filters and costs a
    phase from what it keeps per pool state for the table's ``now`` (the request-independent
    filters' verdict and cost inputs), then runs the request filters and the cost arithmetic
-   (``filters.request_rejection``, ``cost_model.cost_from``), and ``_candidates`` does
-   ``combine``'s sums inline (in the same order, so every estimate is bit for bit the same).
+   (``filters.request_rejection``, ``cost_model.cost_from``); ``_candidates`` reads each
+   pool's side of a path once and adds two sides up per path (``cost_model.path_estimate``,
+   which ``combine`` is made of).
 3. Score every path with the weighted scorers (each in [0, 1]; a column of values at a time).
 4. Pick: with probability ``exploration_share`` a uniformly random eligible pool (the best
    path through it), so every pool stays measured; otherwise the best path whose pools have
@@ -36,8 +37,8 @@ import random
 from collections.abc import Iterable, Sequence
 
 from .confidence import ConfidenceConfig, effective_link
-from .cost_model import PhaseCost
-from .filters import kv_handover, path_filter, required_quality
+from .cost_model import DecodeSide, PhaseCost, PrefillSide, decode_side, path_estimate, prefill_side
+from .filters import kv_handover, path_filter
 from .paths import candidate_pairs
 from .phase_view import phase_costs
 from .quality import path_quality
@@ -55,25 +56,6 @@ from .types import (
     RoutingDecision,
 )
 
-_PrefillParts = tuple[str, PoolState, "str | None", float, float, float, "float | None", float, float, float, float]
-_DecodeParts = tuple[str, PoolState, "str | None", float, float, "float | None", float, float, float]
-
-
-def _prefill_parts(c: PhaseCost, prompt_tokens: int) -> _PrefillParts:
-    """(name, pool, KV format, KV bytes, wait, service, dollars, headroom, quality, 1 - error
-    rate, decode-seconds stalled) of a prefill phase cost: ``combine``'s inputs from that side."""
-    pool, row = c.option.pool, c.option.row
-    stall = c.service_s * pool.in_flight if Phase.DECODE in pool.phases else 0.0
-    return (pool.name, pool, pool.kv_format, prompt_tokens * row.kv_bytes_per_token, c.wait_s, c.service_s,
-            c.dollars, c.headroom, row.quality_score, 1.0 - row.error_rate, stall)
-
-
-def _decode_parts(c: PhaseCost) -> _DecodeParts:
-    """(name, pool, KV format, wait, service, dollars, headroom, quality, 1 - error rate) of a decode phase cost."""
-    pool, row = c.option.pool, c.option.row
-    return (pool.name, pool, pool.kv_format, c.wait_s, c.service_s, c.dollars, c.headroom, row.quality_score,
-            1.0 - row.error_rate)
-
 
 def _links(profiles: ProfileTable, now: float, confidence: ConfidenceConfig) -> dict[tuple[str, str], LinkProfile]:
     """The effective links looked up at ``now`` (filled as paths need them): one memo lookup per
@@ -81,17 +63,14 @@ def _links(profiles: ProfileTable, now: float, confidence: ConfidenceConfig) -> 
     return profiles.memo(("effective_links", confidence), now, dict)
 
 
-_new_estimate = tuple.__new__
-
-
 def _pairs(pre_costs: list[PhaseCost], dec_costs: list[PhaseCost], prompt_tokens: int,
-           config: RouterConfig) -> list[tuple[_PrefillParts, _DecodeParts]]:
-    """``paths.candidate_pairs`` as (prefill parts, decode parts). When every pair is built (no
+           config: RouterConfig) -> list[tuple[PrefillSide, DecodeSide]]:
+    """``paths.candidate_pairs`` as (prefill side, decode side) (``cost_model.prefill_side``). When every pair is built (no
     pruning: ``disaggregation_candidates`` is 0 or covers both phases) and the pool names are
     distinct, the pairs are listed here in ``candidate_pairs``' order (colocated ones in
     prefill order, then every other pair, prefill-major) without its dictionaries."""
-    pre = [_prefill_parts(c, prompt_tokens) for c in pre_costs]
-    dec = [_decode_parts(c) for c in dec_costs]
+    pre = [prefill_side(c, prompt_tokens) for c in pre_costs]
+    dec = [decode_side(c) for c in dec_costs]
     k = config.disaggregation_candidates
     by_decode = {d[0]: d for d in dec}
     if (len(by_decode) == len(dec) and len({p[0] for p in pre}) == len(pre)
@@ -115,48 +94,35 @@ def _candidates(
     skip: frozenset[str],
 ) -> tuple[list[PathEstimate], list[float], list[tuple[str, str]]]:
     """Every acceptable path for ``request`` with its ``total_s``, and why each dropped
-    pool/phase or path was dropped. ``cost_model.combine`` written out for the pairs of one
-    request (the same arithmetic in the same order: the estimates are bit for bit the same),
-    since this loop runs for every path of every request."""
+    pool/phase or path was dropped. Each pool's side of a path is read once
+    (``cost_model.prefill_side`` / ``decode_side``) and every path adds two of them up
+    (``cost_model.path_estimate``, what ``combine`` does)."""
     pre_costs, rejected = phase_costs(request, pools, profiles, Phase.PREFILL, now, config, skip=skip)
     dec_costs, rejected_d = phase_costs(request, pools, profiles, Phase.DECODE, now, config, skip=skip)
     rejected += rejected_d
     paths: list[PathEstimate] = []
     totals: list[float] = []
-    need_quality = required_quality(request, config)
     measured_quality = bool(profiles.quality)
     prompt_tokens, usd_per_gb, model = request.prompt_tokens, config.transfer_usd_per_gb, request.model
     links = _links(profiles, now, config.confidence)
     for pre, dec in _pairs(pre_costs, dec_costs, prompt_tokens, config):
-        src, pool_a, fmt_a, kv_bytes, prefill_wait, prefill_s, cost_p, head_p, q_p, ok_p, stall = pre
-        dst, pool_b, fmt_b, decode_wait, decode_s, cost_d, head_d, q_d, ok_d = dec
-        if src == dst:
-            transfer_s, decode_wait, headroom, moved_bytes, moved = 0.0, 0.0, head_d, 0.0, 0.0
-        else:
-            if fmt_a is None or fmt_b is None or fmt_a != fmt_b:
-                mismatch = kv_handover(pool_a, pool_b)
-                assert mismatch is not None
+        src, dst, link = pre[0], dec[0], None
+        if src != dst:
+            mismatch = kv_handover(pre[1], dec[1])
+            if mismatch is not None:
                 rejected.append((f"{src}->{dst}", mismatch))
                 continue
             link = links.get((src, dst))
             if link is None:
                 link = links[(src, dst)] = effective_link(profiles, src, dst, now, config.confidence)
-            transfer_s = link.latency_s + kv_bytes / link.bytes_per_s
-            headroom, moved_bytes = head_p if head_p < head_d else head_d, kv_bytes  # min(head_d, head_p)
-            moved = kv_bytes / 1e9 * usd_per_gb
-        estimate = _new_estimate(PathEstimate, (  # PathEstimate(...) without its Python-level __new__
-            src, dst, prefill_wait, prefill_s, transfer_s, decode_wait, decode_s, moved_bytes,
-            None if cost_p is None or cost_d is None else cost_p + cost_d + moved,
-            q_p * q_d, ok_p * ok_d, headroom, stall,
-        ))
+        estimate = path_estimate(pre, dec, link, usd_per_gb)
         measured = path_quality(profiles, model, src, dst, now) if measured_quality else None
         if measured is not None:
             estimate = estimate._replace(quality=measured.score)
-        reason = path_filter(request, estimate, config, measured) \
-            if measured is not None or estimate.quality < need_quality else None
+        reason = path_filter(request, estimate, config, measured)
         if reason is None:
             paths.append(estimate)
-            totals.append(prefill_wait + prefill_s + transfer_s + decode_wait + decode_s)
+            totals.append(estimate.total_s)
         else:
             rejected.append((f"{src}->{dst}", reason))
     return paths, totals, rejected
