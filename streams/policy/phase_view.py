@@ -1,13 +1,14 @@
 """One pool for one phase as the router sees it at one time, and each request's cost there.
 
 The router filters and costs every pool for every request (``filters.pool_rejection`` and
-``filters.request_rejection``, then ``cost_model.phase_cost``). Much of that does not depend on the request: the pool's effective
-profile row, whether it is alive, fresh, healthy and serves the phase and model, the batch a new
-request joins and the throughput there, the pool's capacity and price per worker-second, the
-KV memory one request can use. A :class:`PhaseView` holds those for one (pool state, phase,
-model, router config) at the profile table's ``now`` (kept with the table's other values derived at ``now``, ``ProfileTable.memo``),
-so the requests routed in one tick share it until the pool's state changes (a dispatch there
-gives it a new ``PoolState``: the view is rebuilt for it).
+``filters.request_rejection``, then ``cost_model.phase_cost``). Much of that does not depend
+on the request: the pool's effective profile row, whether it is alive, fresh, healthy and
+serves the phase and model, the batch a new request joins and the throughput there, the
+pool's capacity and price per worker-second, the KV memory one request can use. A
+:class:`PhaseView` holds those for one (pool state, phase, model, router config) at the
+profile table's ``now`` (kept with the table's other values derived at ``now``,
+``ProfileTable.memo``), so the requests routed in one tick share it until the pool's state
+changes (a dispatch there gives it a new ``PoolState``: the view is rebuilt for it).
 
 The view keeps the verdict of the request-independent filters (``filters.pool_rejection``)
 and the request-independent inputs of the cost (``cost_model.cost_inputs``); ``phase_costs``

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Sequence
 from .confidence import ConfidenceConfig, effective_link
 from .cost_model import DecodeSide, PhaseCost, PrefillSide, decode_side, path_estimate, prefill_side
 from .filters import kv_handover, path_filter
-from .paths import candidate_pairs
+from .paths import candidate_pairs, every_pair, prunes
 from .phase_view import phase_costs
 from .quality import path_quality
 from .router_config import RouterConfig
@@ -65,23 +65,16 @@ def _links(profiles: ProfileTable, now: float, confidence: ConfidenceConfig) -> 
 
 def _pairs(pre_costs: list[PhaseCost], dec_costs: list[PhaseCost], prompt_tokens: int,
            config: RouterConfig) -> list[tuple[PrefillSide, DecodeSide]]:
-    """``paths.candidate_pairs`` as (prefill side, decode side) (``cost_model.prefill_side``). When every pair is built (no
-    pruning: ``disaggregation_candidates`` is 0 or covers both phases) and the pool names are
-    distinct, the pairs are listed here in ``candidate_pairs``' order (colocated ones in
-    prefill order, then every other pair, prefill-major) without its dictionaries."""
-    pre = [prefill_side(c, prompt_tokens) for c in pre_costs]
-    dec = [decode_side(c) for c in dec_costs]
-    k = config.disaggregation_candidates
-    by_decode = {d[0]: d for d in dec}
-    if (len(by_decode) == len(dec) and len({p[0] for p in pre}) == len(pre)
-            and (not config.allow_disaggregation or k == 0 or (len(pre) <= k and len(dec) <= k))):
-        pairs = [(p, by_decode[p[0]]) for p in pre if p[0] in by_decode]
-        if config.allow_disaggregation:
-            pairs += [(p, d) for p in pre for d in dec if p[0] != d[0]]
-        return pairs
+    """``paths.candidate_pairs`` as (prefill side, decode side) (``cost_model.prefill_side``):
+    when no pair is pruned and the pool names are distinct, ``paths.every_pair`` of the sides
+    themselves (no phase cost looked up per path)."""
+    pre = [(s[0], s) for s in (prefill_side(c, prompt_tokens) for c in pre_costs)]
+    dec = [(s[0], s) for s in (decode_side(c) for c in dec_costs)]
+    if (not prunes(len(pre), len(dec), config) and len(dict(pre)) == len(pre) and len(dict(dec)) == len(dec)):
+        return every_pair(pre, dec, config.allow_disaggregation)
     # What a path takes from each phase's cost, read once per pool rather than once per path.
-    pre_parts = {id(c): parts for c, parts in zip(pre_costs, pre)}
-    dec_parts = {id(c): parts for c, parts in zip(dec_costs, dec)}
+    pre_parts = {id(c): side for c, (_, side) in zip(pre_costs, pre)}
+    dec_parts = {id(c): side for c, (_, side) in zip(dec_costs, dec)}
     return [(pre_parts[id(p)], dec_parts[id(d)]) for p, d in candidate_pairs(pre_costs, dec_costs, config)]
 
 

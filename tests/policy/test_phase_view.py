@@ -1,6 +1,7 @@
 """The router's fast paths give exactly what the plain functions give: ``phase_view.phase_costs``
-(views kept per pool state) against every filter and ``cost_model.phase_cost`` run afresh, and the router's pair list against
-``paths.candidate_pairs`` (same pools, same order, same floats, same rejection reasons)."""
+(views kept per pool state) against every filter and ``cost_model.phase_cost`` run afresh, and
+the router's pair list against ``paths.candidate_pairs`` (same pools, same order, same floats,
+same rejection reasons)."""
 
 from __future__ import annotations
 
