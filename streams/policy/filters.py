@@ -81,42 +81,6 @@ def healthy(x: PoolInput) -> str | None:
     return f"measured error rate {rate:.2f} >= max {x.config.max_error_rate:.2f}"
 
 
-def quality(request: RequestWork, row: ProfileRow, config: RouterConfig) -> str | None:
-    score, need = row.quality_score, required_quality(request, config)
-    if score >= need:
-        return None
-    return f"quality {score:.3f} < {need:.3f} required by {request.quality_tier.value} tier"
-
-
-def memory(pool: PoolState, need: float) -> str | None:
-    """The request's KV (``need`` bytes) must fit in the pool's free memory, and in one worker's
-    KV memory when the pool view knows its workers' capacity: a sequence bigger than any one
-    worker can hold never runs there, however much the pool has in all."""
-    if need > pool.free_kv_bytes:
-        return f"needs {need:.0f} KV bytes, {pool.free_kv_bytes:.0f} free"
-    capacity = pool.worker_kv_capacity_bytes
-    if capacity is not None and need > capacity:
-        return f"needs {need:.0f} KV bytes on one worker, a worker of this pool holds at most {capacity:.0f}"
-    return None
-
-
-def room_now(pool: PoolState, need: float) -> str | None:
-    """Some worker of the pool has room for the request's KV (``need`` bytes) now (when the pool
-    view knows): a request sent to a pool whose workers are all full waits there behind the
-    work that fills them. When no pool has room now, the router relaxes this filter
-    (``RouterConfig.relax_room_when_empty``) and the request queues where it can run at all."""
-    worker_free = pool.worker_free_kv_bytes
-    if worker_free is None or need <= worker_free:
-        return None
-    return f"needs {need:.0f} KV bytes on one worker, at most {worker_free:.0f} free on any worker now"
-
-
-def not_avoided(request: RequestWork, pool: PoolState) -> str | None:
-    if pool.name not in request.avoid_pools:
-        return None
-    return "in the request's avoid list (failed it before)"
-
-
 POOL_FILTERS: tuple[tuple[str, PoolFilter], ...] = (
     ("alive", alive),
     ("serves_phase", serves_phase),
@@ -144,20 +108,38 @@ def pool_rejection(x: PoolInput, *, skip: frozenset[str] = frozenset()) -> str |
 def request_rejection(request: RequestWork, pool: PoolState, row: ProfileRow, phase: Phase,
                       config: RouterConfig, *, skip: frozenset[str] = frozenset()) -> str | None:
     """The first of ``REQUEST_FILTERS`` (not in ``skip``) the request fails on a pool that passed
-    ``POOL_FILTERS`` with effective row ``row``, as "name: reason", or None."""
-    reason = None if "quality" in skip else quality(request, row, config)
-    if reason is not None:
-        return f"quality: {reason}"
+    ``POOL_FILTERS`` with effective row ``row``, as "name: reason", or None. In order:
+
+    - quality: the row's quality score meets the request's tier (``required_quality``);
+    - memory: the request's KV fits in the pool's free memory, and in one worker's KV memory
+      when the pool view knows its workers' capacity (a sequence bigger than any one worker
+      can hold never runs there, however much the pool has in all);
+    - room_now: some worker has room for it now, when the pool view knows (a request sent to
+      a pool whose workers are all full waits there behind the work that fills them; when no
+      pool has room now the router relaxes this filter, ``RouterConfig.relax_room_when_empty``,
+      and the request queues where it can run at all);
+    - not_avoided: the pool is not in the request's avoid list (it failed the request before).
+
+    One function rather than one per filter: it runs for every pool of every request."""
+    if "quality" not in skip:
+        score, need_quality = row.quality_score, required_quality(request, config)
+        if not score >= need_quality:
+            return (f"quality: quality {score:.3f} < {need_quality:.3f} required by "
+                    f"{request.quality_tier.value} tier")
     need = kv_need_bytes(request, row, phase)
-    reason = None if "memory" in skip else memory(pool, need)
-    if reason is not None:
-        return f"memory: {reason}"
-    reason = None if "room_now" in skip else room_now(pool, need)
-    if reason is not None:
-        return f"room_now: {reason}"
-    reason = None if "not_avoided" in skip else not_avoided(request, pool)
-    if reason is not None:
-        return f"not_avoided: {reason}"
+    if "memory" not in skip:
+        if need > pool.free_kv_bytes:
+            return f"memory: needs {need:.0f} KV bytes, {pool.free_kv_bytes:.0f} free"
+        capacity = pool.worker_kv_capacity_bytes
+        if capacity is not None and need > capacity:
+            return (f"memory: needs {need:.0f} KV bytes on one worker, a worker of this pool holds "
+                    f"at most {capacity:.0f}")
+    if "room_now" not in skip:
+        worker_free = pool.worker_free_kv_bytes
+        if worker_free is not None and not need <= worker_free:
+            return f"room_now: needs {need:.0f} KV bytes on one worker, at most {worker_free:.0f} free on any worker now"
+    if "not_avoided" not in skip and pool.name in request.avoid_pools:
+        return "not_avoided: in the request's avoid list (failed it before)"
     return None
 
 
