@@ -15,12 +15,17 @@ from contextlib import contextmanager
 from phaseroute.sim.engine import SimConfig, Simulator
 from phaseroute.sim.runner import make_driver, prepare
 from phaseroute.streams import policy as P
+from phaseroute.streams.core import core as core_core
+from phaseroute.streams.core import dispatcher as core_dispatcher
+from phaseroute.streams.core import jobs as core_jobs
+from phaseroute.streams.core import recovery as core_recovery
 
 # Entry points the driver calls (a few per request at most): a timer costs well under a
 # microsecond a call, so it does not distort the wall time it is measuring. Calls made inside
 # ``route`` (8 profile lookups, 4 PoolStates per request) are not wrapped: timing them would.
 TIMED = ("route", "admit", "build_profile_rows", "build_link_profiles", "next_step",
          "redispatch_lost", "fleet_tokens_per_s")
+CORE_MODULES = (core_core, core_dispatcher, core_jobs, core_recovery)
 TIMED_METHODS = (("FairScheduler", "schedule"), ("FairScheduler", "enqueue"), ("FairScheduler", "on_finished"),
                  ("RouterState", "record"), ("RouterState", "refresh"))
 
@@ -48,7 +53,13 @@ def timed_policy():
 
     for name in TIMED:
         if hasattr(P, name):
+            original = getattr(P, name)
             wrap(P, name, name)
+            # The control core imports these by name (``from phaseroute.streams.policy import
+            # route``): its modules' own references are wrapped too, or its calls go untimed.
+            for module in CORE_MODULES:
+                if getattr(module, name, None) is original:
+                    wrap(module, name, name)
     for cls, meth in TIMED_METHODS:
         if hasattr(getattr(P, cls, None), meth):
             wrap(getattr(P, cls), meth, f"{cls}.{meth}")

@@ -41,26 +41,31 @@ def join_batch(pool: PoolState) -> int:
     return max(1, min(pool.max_batch, per_worker + 1))
 
 
+def share_seconds(tokens: int, batch: int, batch_tokens_per_s: float) -> float:
+    """Seconds for ``tokens`` of one request sharing a batch of ``batch`` that runs at
+    ``batch_tokens_per_s`` in all."""
+    return tokens * batch / batch_tokens_per_s
+
+
 def service_time(row: ProfileRow, tokens: int, batch: int) -> float:
     """Seconds for ``tokens`` of one request sharing a batch of ``batch`` at the measured throughput."""
-    return tokens * batch / row.tokens_per_s(batch)
+    return share_seconds(tokens, batch, row.tokens_per_s(batch))
+
+
+def full_batch_capacity(pool: PoolState, row: ProfileRow) -> float:
+    """Tokens per second of the whole pool at full batch: what drains its queue."""
+    return pool.workers * row.tokens_per_s(pool.max_batch)
 
 
 def pool_tokens_per_s(pool: PoolState, row: ProfileRow) -> float:
     """Useful throughput of the whole pool at full batch (failed work does not count)."""
-    return pool.workers * row.tokens_per_s(pool.max_batch) * (1.0 - row.error_rate)
+    return full_batch_capacity(pool, row) * (1.0 - row.error_rate)
 
 
-def queue_wait(pool: PoolState, row: ProfileRow, request_tokens: int) -> float:
-    """Seconds the request waits behind the pool's queue (queued requests of unknown size count
-    as the size of this one)."""
-    if pool.queue_tokens <= 0 and pool.queue_requests <= 0:
-        return 0.0
-    capacity = pool.workers * row.tokens_per_s(pool.max_batch)
-    if capacity <= 0:
-        return math.inf
-    queued = pool.queue_tokens if pool.queue_tokens > 0 else pool.queue_requests * request_tokens
-    return queued / capacity
+def price_per_worker_s(pool: PoolState) -> float | None:
+    """Dollars per worker-second on ``pool``, None when it has no price."""
+    price = pool.price_per_hour
+    return None if price is None else price / 3600.0 / max(pool.workers, 1)
 
 
 def free_kv_for_one(pool: PoolState) -> float:
@@ -78,13 +83,6 @@ def transfer_time(link: LinkProfile, nbytes: float) -> float:
     return link.latency_s + nbytes / link.bytes_per_s
 
 
-def _dollars(pool: PoolState, seconds: float, batch: int) -> float | None:
-    if pool.price_per_hour is None:
-        return None
-    per_worker_s = pool.price_per_hour / 3600.0 / max(pool.workers, 1)
-    return per_worker_s * seconds / batch
-
-
 class PhaseCost(NamedTuple):
     """One phase of one request on one pool: computed once per decision and shared by every
     path through that pool (so a decision over P prefill and D decode pools costs P + D of
@@ -95,37 +93,114 @@ class PhaseCost(NamedTuple):
     wait_s: float  # behind the pool's queue
     service_s: float  # the request's share of its batch
     dollars: float | None  # None when the pool has no price
-    headroom: float  # KV memory headroom after the request's need (``_headroom``)
+    headroom: float  # KV memory headroom after the request's need, in [0, 1]
 
     @property
     def seconds(self) -> float:
         return self.wait_s + self.service_s
 
 
-def phase_cost(request: RequestWork, option: PhaseOption) -> PhaseCost:
-    """Queue wait, service seconds, dollars and memory headroom of the request's phase on the option's pool."""
-    pool, row = option.pool, option.row
-    tokens = request.prompt_tokens if option.phase is Phase.PREFILL else request.max_output_tokens
+class CostInputs(NamedTuple):
+    """What a phase cost reads from the pool and row but not from the request (``cost_inputs``)."""
+
+    batch: int  # the batch a new request joins (``join_batch``)
+    batch_tokens_per_s: float  # the row's throughput at that batch
+    capacity: float  # ``full_batch_capacity``: what drains the queue
+    per_worker_s: float | None  # ``price_per_worker_s``
+    free_for_one: float  # ``free_kv_for_one``
+
+
+def cost_inputs(pool: PoolState, row: ProfileRow) -> CostInputs:
+    """The request-independent inputs of ``cost_from`` for ``row`` on ``pool``."""
     batch = join_batch(pool)
-    service_s = service_time(row, tokens, batch)
-    return PhaseCost(
-        option=option,
-        wait_s=queue_wait(pool, row, tokens),
-        service_s=service_s,
-        dollars=_dollars(pool, service_s, batch),
-        headroom=_headroom(kv_need_bytes(request, row, option.phase), free_kv_for_one(pool)),
-    )
+    return CostInputs(batch, row.tokens_per_s(batch), full_batch_capacity(pool, row), price_per_worker_s(pool),
+                      free_kv_for_one(pool))
 
 
-def _headroom(need: float, free: float) -> float:
+def cost_from(request: RequestWork, option: PhaseOption, inputs: CostInputs) -> PhaseCost:
+    """Queue wait, service seconds, dollars and memory headroom of the request's phase on the
+    option's pool, from the pool's request-independent ``inputs`` (``cost_inputs``; the router
+    keeps them per pool state, ``phase_view``). Queued requests of unknown size count as the
+    size of this one; the headroom is 1 - need / free clamped to [0, 1]."""
+    pool = option.pool
+    prefill = option.phase is Phase.PREFILL
+    tokens = request.prompt_tokens if prefill else request.max_output_tokens
+    batch = inputs.batch
+    service_s = share_seconds(tokens, batch, inputs.batch_tokens_per_s)
+    queue_tokens, queue_requests = pool.queue_tokens, pool.queue_requests
+    if queue_tokens <= 0 and queue_requests <= 0:
+        wait_s = 0.0
+    else:
+        queued = queue_tokens if queue_tokens > 0 else queue_requests * tokens
+        wait_s = math.inf if inputs.capacity <= 0 else queued / inputs.capacity
+    per_worker_s = inputs.per_worker_s
+    need, free = kv_need_bytes(request, option.row, option.phase), inputs.free_for_one
     if need <= 0:
-        return 1.0
-    return 0.0 if free <= 0 else min(1.0, max(0.0, 1.0 - need / free))
+        headroom = 1.0
+    elif free <= 0:
+        headroom = 0.0
+    else:  # min(1.0, max(0.0, h)) as comparisons: max keeps 0.0 unless h > 0.0, min keeps 1.0 unless h < 1.0
+        headroom = 1.0 - need / free
+        headroom = headroom if headroom > 0.0 else 0.0
+        headroom = headroom if headroom < 1.0 else 1.0
+    dollars = None if per_worker_s is None else per_worker_s * service_s / batch
+    return PhaseCost(option, wait_s, service_s, dollars, headroom)
+
+
+def phase_cost(request: RequestWork, option: PhaseOption) -> PhaseCost:
+    """``cost_from`` with the inputs computed now (the router keeps them per pool state instead)."""
+    return cost_from(request, option, cost_inputs(option.pool, option.row))
 
 
 def transfer_dollars(kv_bytes: float, usd_per_gb: float) -> float:
     """What moving ``kv_bytes`` between two pools costs at ``usd_per_gb``."""
     return kv_bytes / 1e9 * usd_per_gb
+
+
+PrefillSide = tuple[str, PoolState, float, float, float, "float | None", float, float, float, float]
+DecodeSide = tuple[str, PoolState, float, float, "float | None", float, float, float]
+
+
+def prefill_side(c: PhaseCost, prompt_tokens: int) -> PrefillSide:
+    """(name, pool, KV bytes, wait, service, dollars, headroom, quality, 1 - error rate,
+    decode-seconds stalled) of a prefill phase cost: what a path takes from its prefill side
+    (a tuple, built once per pool and read by every path through it)."""
+    pool, row = c.option.pool, c.option.row
+    stall = c.service_s * pool.in_flight if Phase.DECODE in pool.phases else 0.0
+    return (pool.name, pool, prompt_tokens * row.kv_bytes_per_token, c.wait_s, c.service_s, c.dollars,
+            c.headroom, row.quality_score, 1.0 - row.error_rate, stall)
+
+
+def decode_side(c: PhaseCost) -> DecodeSide:
+    """(name, pool, wait, service, dollars, headroom, quality, 1 - error rate) of a decode phase cost."""
+    pool, row = c.option.pool, c.option.row
+    return (pool.name, pool, c.wait_s, c.service_s, c.dollars, c.headroom, row.quality_score, 1.0 - row.error_rate)
+
+
+_new_estimate = tuple.__new__  # PathEstimate(...) without its Python-level __new__
+
+
+def path_estimate(pre: PrefillSide, dec: DecodeSide, link: LinkProfile | None,
+                  transfer_usd_per_gb: float = 0.0) -> PathEstimate:
+    """The estimate of prefill on ``pre``'s pool and decode on ``dec``'s: a colocated path
+    queues once and moves no KV; a disaggregated one adds the transfer over ``link`` and the
+    decode pool's queue, and its dollars add the KV moved at ``transfer_usd_per_gb``. ``link``
+    is ignored (and may be None) when the path is colocated."""
+    src, _, kv_bytes, prefill_wait, prefill_s, cost_p, head_p, q_p, ok_p, stall = pre
+    dst, _, decode_wait, decode_s, cost_d, head_d, q_d, ok_d = dec
+    if src == dst:
+        transfer_s, decode_wait, headroom, moved_bytes, moved = 0.0, 0.0, head_d, 0.0, 0.0
+    else:
+        if link is None:
+            raise ValueError(f"estimate_path: a link profile is needed for {src} -> {dst}")
+        transfer_s = transfer_time(link, kv_bytes)
+        headroom, moved_bytes = head_p if head_p < head_d else head_d, kv_bytes  # min(head_d, head_p)
+        moved = transfer_dollars(kv_bytes, transfer_usd_per_gb)
+    return _new_estimate(PathEstimate, (
+        src, dst, prefill_wait, prefill_s, transfer_s, decode_wait, decode_s, moved_bytes,
+        None if cost_p is None or cost_d is None else cost_p + cost_d + moved,
+        q_p * q_d, ok_p * ok_d, headroom, stall,
+    ))
 
 
 def combine(
@@ -135,38 +210,8 @@ def combine(
     link: LinkProfile | None,
     transfer_usd_per_gb: float = 0.0,
 ) -> PathEstimate:
-    """The estimate of prefill on ``prefill``'s pool and decode on ``decode``'s: a colocated
-    path queues once and moves no KV; a disaggregated one adds the transfer over ``link`` and
-    the decode pool's queue, and its dollars add the KV moved at ``transfer_usd_per_gb``.
-    ``link`` is ignored (and may be None) when the path is colocated."""
-    a, b = prefill.option.pool, decode.option.pool
-    row_p, row_d = prefill.option.row, decode.option.row
-    colocated = a.name == b.name
-    kv_bytes = request.prompt_tokens * row_p.kv_bytes_per_token
-    if colocated:
-        transfer_s, decode_wait, headroom = 0.0, 0.0, decode.headroom
-    else:
-        if link is None:
-            raise ValueError(f"estimate_path: a link profile is needed for {a.name} -> {b.name}")
-        transfer_s = transfer_time(link, kv_bytes)
-        decode_wait, headroom = decode.wait_s, min(decode.headroom, prefill.headroom)
-    cost_p, cost_d = prefill.dollars, decode.dollars
-    moved = 0.0 if colocated else transfer_dollars(kv_bytes, transfer_usd_per_gb)
-    return PathEstimate(
-        prefill_pool=a.name,
-        decode_pool=b.name,
-        prefill_wait_s=prefill.wait_s,
-        prefill_s=prefill.service_s,
-        transfer_s=transfer_s,
-        decode_wait_s=decode_wait,
-        decode_s=decode.service_s,
-        kv_bytes=0.0 if colocated else kv_bytes,
-        cost=None if cost_p is None or cost_d is None else cost_p + cost_d + moved,
-        quality=row_p.quality_score * row_d.quality_score,
-        success_prob=(1.0 - row_p.error_rate) * (1.0 - row_d.error_rate),
-        memory_headroom=headroom,
-        stall_s=prefill.service_s * a.in_flight if Phase.DECODE in a.phases else 0.0,
-    )
+    """``path_estimate`` of the two phase costs of ``request``."""
+    return path_estimate(prefill_side(prefill, request.prompt_tokens), decode_side(decode), link, transfer_usd_per_gb)
 
 
 def estimate_path(

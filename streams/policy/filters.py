@@ -1,34 +1,40 @@
 """Router filters: drop the pools (per phase) and paths a request must not use.
 
-Each filter is a small function of one :class:`FilterInput` that returns None (keep) or a
-reason a person can act on (drop). ``POOL_FILTERS`` runs them in order and stops at the
-first reason; ``path_filter`` checks what only a whole path knows: quality over both phases,
-or the quality canaries measured on the path (``quality.path_quality``).
+Each filter is a small function that returns None (keep) or a reason a person can act on
+(drop). Those that do not depend on the request (``POOL_FILTERS``: alive, serves the phase,
+model loaded, profiled, healthy) read a :class:`PoolInput`, so the router can run them once
+per pool state (``phase_view``); then ``request_rejection`` runs those that do (quality tier,
+KV memory, room now, avoid list: ``REQUEST_FILTERS``); each stops at the first reason.
+``phase_view.phase_costs`` runs both for every pool of a phase. ``path_filter`` checks what
+only a whole path knows: quality over both phases, or the quality canaries measured on the
+path (``quality.path_quality``).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from .confidence import EffectiveProfile, effective_profile
-from .cost_model import PhaseOption, kv_need_bytes
+from .confidence import EffectiveProfile
+from .cost_model import kv_need_bytes
 from .router_config import RouterConfig
-from .types import PathEstimate, PathQuality, Phase, PoolState, ProfileTable, QualityTier, RequestWork
+from .types import PathEstimate, PathQuality, Phase, PoolState, ProfileRow, QualityTier, RequestWork
 
 
 @dataclass(frozen=True, slots=True)
-class FilterInput:
-    request: RequestWork
+class PoolInput:
+    """What the request-independent filters read: one pool for one phase of one model at ``now``."""
+
     pool: PoolState
     phase: Phase
+    model: str
     profile: EffectiveProfile | None
     now: float
     config: RouterConfig
 
 
-Filter = Callable[[FilterInput], "str | None"]
+PoolFilter = Callable[[PoolInput], "str | None"]
 
 
 def required_quality(request: RequestWork, config: RouterConfig) -> float:
@@ -38,7 +44,7 @@ def required_quality(request: RequestWork, config: RouterConfig) -> float:
     return min(config.exact_quality_threshold, 1.0 - request.quality_tolerance)
 
 
-def alive(x: FilterInput) -> str | None:
+def alive(x: PoolInput) -> str | None:
     if not x.pool.alive:
         return "pool is not alive"
     if x.pool.workers < 1:
@@ -49,25 +55,25 @@ def alive(x: FilterInput) -> str | None:
     return None
 
 
-def serves_phase(x: FilterInput) -> str | None:
+def serves_phase(x: PoolInput) -> str | None:
     if x.pool.serves(x.phase):
         return None
     return f"does not serve {x.phase.slug} (serves {sorted(p.slug for p in x.pool.phases)})"
 
 
-def model_loaded(x: FilterInput) -> str | None:
-    if x.request.model in x.pool.models:
+def model_loaded(x: PoolInput) -> str | None:
+    if x.model in x.pool.models:
         return None
-    return f"model {x.request.model!r} not loaded (loaded: {sorted(x.pool.models)})"
+    return f"model {x.model!r} not loaded (loaded: {sorted(x.pool.models)})"
 
 
-def has_profile(x: FilterInput) -> str | None:
+def has_profile(x: PoolInput) -> str | None:
     if x.profile is not None:
         return None
-    return f"no profile row for ({x.request.model}, {x.phase.slug}, variant {x.pool.variant!r})"
+    return f"no profile row for ({x.model}, {x.phase.slug}, variant {x.pool.variant!r})"
 
 
-def healthy(x: FilterInput) -> str | None:
+def healthy(x: PoolInput) -> str | None:
     assert x.profile is not None
     rate = x.profile.row.error_rate
     if rate < x.config.max_error_rate:
@@ -75,68 +81,23 @@ def healthy(x: FilterInput) -> str | None:
     return f"measured error rate {rate:.2f} >= max {x.config.max_error_rate:.2f}"
 
 
-def quality(x: FilterInput) -> str | None:
-    assert x.profile is not None
-    score, need = x.profile.row.quality_score, required_quality(x.request, x.config)
-    if score >= need:
-        return None
-    return f"quality {score:.3f} < {need:.3f} required by {x.request.quality_tier.value} tier"
-
-
-def memory(x: FilterInput) -> str | None:
-    """The request's KV must fit in the pool's free memory, and in one worker's KV memory when
-    the pool view knows its workers' capacity: a sequence bigger than any one worker can hold
-    never runs there, however much the pool has in all."""
-    assert x.profile is not None
-    need = kv_need_bytes(x.request, x.profile.row, x.phase)
-    if need > x.pool.free_kv_bytes:
-        return f"needs {need:.0f} KV bytes, {x.pool.free_kv_bytes:.0f} free"
-    capacity = x.pool.worker_kv_capacity_bytes
-    if capacity is not None and need > capacity:
-        return f"needs {need:.0f} KV bytes on one worker, a worker of this pool holds at most {capacity:.0f}"
-    return None
-
-
-def room_now(x: FilterInput) -> str | None:
-    """Some worker of the pool has room for the request's KV now (when the pool view knows):
-    a request sent to a pool whose workers are all full waits there behind the work that
-    fills them. When no pool has room now, the router relaxes this filter
-    (``RouterConfig.relax_room_when_empty``) and the request queues where it can run at all."""
-    assert x.profile is not None
-    worker_free = x.pool.worker_free_kv_bytes
-    if worker_free is None:
-        return None
-    need = kv_need_bytes(x.request, x.profile.row, x.phase)
-    if need <= worker_free:
-        return None
-    return f"needs {need:.0f} KV bytes on one worker, at most {worker_free:.0f} free on any worker now"
-
-
-def not_avoided(x: FilterInput) -> str | None:
-    if x.pool.name not in x.request.avoid_pools:
-        return None
-    return "in the request's avoid list (failed it before)"
-
-
-POOL_FILTERS: tuple[tuple[str, Filter], ...] = (
+POOL_FILTERS: tuple[tuple[str, PoolFilter], ...] = (
     ("alive", alive),
     ("serves_phase", serves_phase),
     ("model_loaded", model_loaded),
     ("has_profile", has_profile),
     ("healthy", healthy),
-    ("quality", quality),
-    ("memory", memory),
-    ("room_now", room_now),
-    ("not_avoided", not_avoided),
 )
+REQUEST_FILTERS = ("quality", "memory", "room_now", "not_avoided")  # run after POOL_FILTERS, in this order
 
 
 @functools.lru_cache(maxsize=16)
-def _filters_without(skip: frozenset[str]) -> tuple[tuple[str, Filter], ...]:
+def _filters_without(skip: frozenset[str]) -> tuple[tuple[str, PoolFilter], ...]:
     return tuple((name, check) for name, check in POOL_FILTERS if name not in skip)
 
 
-def first_rejection(x: FilterInput, *, skip: frozenset[str] = frozenset()) -> str | None:
+def pool_rejection(x: PoolInput, *, skip: frozenset[str] = frozenset()) -> str | None:
+    """The first of ``POOL_FILTERS`` (not in ``skip``) the pool fails, as "name: reason", or None."""
     for name, check in _filters_without(skip):
         reason = check(x)
         if reason is not None:
@@ -144,29 +105,42 @@ def first_rejection(x: FilterInput, *, skip: frozenset[str] = frozenset()) -> st
     return None
 
 
-def phase_options(
-    request: RequestWork,
-    pools: Iterable[PoolState],
-    profiles: ProfileTable,
-    phase: Phase,
-    now: float,
-    config: RouterConfig,
-    *,
-    skip: frozenset[str] = frozenset(),
-) -> tuple[list[PhaseOption], list[tuple[str, str]]]:
-    """Pools that pass every filter for ``phase`` (with their effective rows), and why the rest failed."""
-    kept: list[PhaseOption] = []
-    rejected: list[tuple[str, str]] = []
-    for pool in pools:
-        profile = None
-        if pool.serves(phase) and request.model in pool.models:
-            profile = effective_profile(profiles, request.model, phase, pool.name, pool.variant, now, config.confidence)
-        reason = first_rejection(FilterInput(request, pool, phase, profile, now, config), skip=skip)
-        if reason is None and profile is not None:
-            kept.append(PhaseOption(pool, phase, profile.row, profile.confidence))
-        elif reason is not None and pool.serves(phase):
-            rejected.append((f"{pool.name}/{phase.slug}", reason))
-    return kept, rejected
+def request_rejection(request: RequestWork, pool: PoolState, row: ProfileRow, phase: Phase,
+                      config: RouterConfig, *, skip: frozenset[str] = frozenset()) -> str | None:
+    """The first of ``REQUEST_FILTERS`` (not in ``skip``) the request fails on a pool that passed
+    ``POOL_FILTERS`` with effective row ``row``, as "name: reason", or None. In order:
+
+    - quality: the row's quality score meets the request's tier (``required_quality``);
+    - memory: the request's KV fits in the pool's free memory, and in one worker's KV memory
+      when the pool view knows its workers' capacity (a sequence bigger than any one worker
+      can hold never runs there, however much the pool has in all);
+    - room_now: some worker has room for it now, when the pool view knows (a request sent to
+      a pool whose workers are all full waits there behind the work that fills them; when no
+      pool has room now the router relaxes this filter, ``RouterConfig.relax_room_when_empty``,
+      and the request queues where it can run at all);
+    - not_avoided: the pool is not in the request's avoid list (it failed the request before).
+
+    One function rather than one per filter: it runs for every pool of every request."""
+    if "quality" not in skip:
+        score, need_quality = row.quality_score, required_quality(request, config)
+        if not score >= need_quality:
+            return (f"quality: quality {score:.3f} < {need_quality:.3f} required by "
+                    f"{request.quality_tier.value} tier")
+    need = kv_need_bytes(request, row, phase)
+    if "memory" not in skip:
+        if need > pool.free_kv_bytes:
+            return f"memory: needs {need:.0f} KV bytes, {pool.free_kv_bytes:.0f} free"
+        capacity = pool.worker_kv_capacity_bytes
+        if capacity is not None and need > capacity:
+            return (f"memory: needs {need:.0f} KV bytes on one worker, a worker of this pool holds "
+                    f"at most {capacity:.0f}")
+    if "room_now" not in skip:
+        worker_free = pool.worker_free_kv_bytes
+        if worker_free is not None and not need <= worker_free:
+            return f"room_now: needs {need:.0f} KV bytes on one worker, at most {worker_free:.0f} free on any worker now"
+    if "not_avoided" not in skip and pool.name in request.avoid_pools:
+        return "not_avoided: in the request's avoid list (failed it before)"
+    return None
 
 
 def kv_handover(prefill: PoolState, decode: PoolState) -> str | None:

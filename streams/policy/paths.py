@@ -14,11 +14,14 @@ The inputs are per-phase costs (``cost_model.PhaseCost``), computed once per poo
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 from .cost_model import PhaseCost
 from .router_config import RouterConfig
 
 Pair = tuple[PhaseCost, PhaseCost]
+P = TypeVar("P")
+D = TypeVar("D")
 
 
 def _name(c: PhaseCost) -> str:
@@ -35,26 +38,38 @@ def _shortlist(costs: list[PhaseCost], k: int) -> dict[str, PhaseCost]:
     return {_name(c): c for c in chosen}
 
 
+def prunes(n_prefill: int, n_decode: int, config: RouterConfig) -> bool:
+    """Whether ``candidate_pairs`` leaves some disaggregated pairs out for this many pools."""
+    k = config.disaggregation_candidates
+    return config.allow_disaggregation and k != 0 and not (n_prefill <= k and n_decode <= k)
+
+
+def every_pair(prefill: list[tuple[str, P]], decode: list[tuple[str, D]], disaggregate: bool) -> list[tuple[P, D]]:
+    """Every pair of (name, item) lists with distinct names, in ``candidate_pairs``' order: the
+    colocated ones (same name) in prefill order, then, when ``disaggregate``, every other
+    pair, prefill-major."""
+    by_decode = dict(decode)
+    pairs = [(p, by_decode[a]) for a, p in prefill if a in by_decode]
+    if disaggregate:
+        pairs += [(p, d) for a, p in prefill for b, d in decode if a != b]
+    return pairs
+
+
 def candidate_pairs(prefill: list[PhaseCost], decode: list[PhaseCost], config: RouterConfig) -> list[Pair]:
     """(prefill cost, decode cost) pairs to estimate, colocated ones first, without duplicates."""
     by_prefill = {_name(c): c for c in prefill}
     by_decode = {_name(c): c for c in decode}
+    if not prunes(len(prefill), len(decode), config):
+        return every_pair(list(by_prefill.items()), list(by_decode.items()), config.allow_disaggregation)
+    k = config.disaggregation_candidates
     pairs: dict[tuple[str, str], Pair] = {
         (name, name): (p, by_decode[name]) for name, p in by_prefill.items() if name in by_decode
     }
-    if not config.allow_disaggregation:
-        return list(pairs.values())
-    k = config.disaggregation_candidates
-    if k == 0 or (len(prefill) <= k and len(decode) <= k):
-        top_p, top_d = by_prefill, by_decode
-    else:
-        top_p, top_d = _shortlist(prefill, k), _shortlist(decode, k)
+    top_p, top_d = _shortlist(prefill, k), _shortlist(decode, k)
     for a, p in top_p.items():
         for b, d in top_d.items():
             if a != b:
                 pairs.setdefault((a, b), (p, d))
-    if top_p is by_prefill and top_d is by_decode:
-        return list(pairs.values())  # every pair is built: every pool is covered
     covered = {name for key in pairs for name in key}
     best_p = sorted(top_p.values(), key=lambda c: (c.seconds, _name(c)))
     best_d = sorted(top_d.values(), key=lambda c: (c.seconds, _name(c)))

@@ -11,7 +11,13 @@
    disaggregated (prefill pool != decode pool, KV over the measured link). A path's estimate
    only adds up its two phase costs and the transfer (``cost_model.combine``); paths below the
    quality tier are dropped (the quality canaries measured on the path when there is one:
-   ``quality.path_quality``).
+   ``quality.path_quality``). Steps 1-2 run for every pool and path of every request, so they
+   are written for speed with the same results: ``phase_view.phase_costs`` filters and costs a
+   phase from what it keeps per pool state for the table's ``now`` (the request-independent
+   filters' verdict and cost inputs), then runs the request filters and the cost arithmetic
+   (``filters.request_rejection``, ``cost_model.cost_from``); ``_candidates`` reads each
+   pool's side of a path once and adds two sides up per path (``cost_model.path_estimate``,
+   which ``combine`` is made of).
 3. Score every path with the weighted scorers (each in [0, 1]; a column of values at a time).
 4. Pick: with probability ``exploration_share`` a uniformly random eligible pool (the best
    path through it), so every pool stays measured; otherwise the best path whose pools have
@@ -30,15 +36,46 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Sequence
 
-from .confidence import effective_link
-from .cost_model import combine, phase_cost
-from .filters import kv_handover, path_filter, phase_options
-from .paths import candidate_pairs
+from .confidence import ConfidenceConfig, effective_link
+from .cost_model import DecodeSide, PhaseCost, PrefillSide, decode_side, path_estimate, prefill_side
+from .filters import kv_handover, path_filter
+from .paths import candidate_pairs, every_pair, prunes
+from .phase_view import phase_costs
 from .quality import path_quality
 from .router_config import RouterConfig
 from .router_state import RouterState
-from .scorers import ScoreInput, parts_of, score_paths
-from .types import NoPlacement, PathEstimate, Phase, PoolState, ProfileTable, RequestWork, RoutingDecision
+from .scorers import FieldStats, ScoreInput, parts_of, score_paths
+from .types import (
+    LinkProfile,
+    NoPlacement,
+    PathEstimate,
+    Phase,
+    PoolState,
+    ProfileTable,
+    RequestWork,
+    RoutingDecision,
+)
+
+
+def _links(profiles: ProfileTable, now: float, confidence: ConfidenceConfig) -> dict[tuple[str, str], LinkProfile]:
+    """The effective links looked up at ``now`` (filled as paths need them): one memo lookup per
+    request instead of one per path."""
+    return profiles.memo(("effective_links", confidence), now, dict)
+
+
+def _pairs(pre_costs: list[PhaseCost], dec_costs: list[PhaseCost], prompt_tokens: int,
+           config: RouterConfig) -> list[tuple[PrefillSide, DecodeSide]]:
+    """``paths.candidate_pairs`` as (prefill side, decode side) (``cost_model.prefill_side``):
+    when no pair is pruned and the pool names are distinct, ``paths.every_pair`` of the sides
+    themselves (no phase cost looked up per path)."""
+    pre = [(s[0], s) for s in (prefill_side(c, prompt_tokens) for c in pre_costs)]
+    dec = [(s[0], s) for s in (decode_side(c) for c in dec_costs)]
+    if (not prunes(len(pre), len(dec), config) and len(dict(pre)) == len(pre) and len(dict(dec)) == len(dec)):
+        return every_pair(pre, dec, config.allow_disaggregation)
+    # What a path takes from each phase's cost, read once per pool rather than once per path.
+    pre_parts = {id(c): side for c, (_, side) in zip(pre_costs, pre)}
+    dec_parts = {id(c): side for c, (_, side) in zip(dec_costs, dec)}
+    return [(pre_parts[id(p)], dec_parts[id(d)]) for p, d in candidate_pairs(pre_costs, dec_costs, config)]
 
 
 def _candidates(
@@ -48,31 +85,40 @@ def _candidates(
     now: float,
     config: RouterConfig,
     skip: frozenset[str],
-) -> tuple[list[PathEstimate], list[tuple[str, str]]]:
-    """Every acceptable path for ``request``, and why each dropped pool/phase or path was dropped."""
-    pre, rejected = phase_options(request, pools, profiles, Phase.PREFILL, now, config, skip=skip)
-    dec, rejected_d = phase_options(request, pools, profiles, Phase.DECODE, now, config, skip=skip)
+) -> tuple[list[PathEstimate], list[float], list[tuple[str, str]]]:
+    """Every acceptable path for ``request`` with its ``total_s``, and why each dropped
+    pool/phase or path was dropped. Each pool's side of a path is read once
+    (``cost_model.prefill_side`` / ``decode_side``) and every path adds two of them up
+    (``cost_model.path_estimate``, what ``combine`` does)."""
+    pre_costs, rejected = phase_costs(request, pools, profiles, Phase.PREFILL, now, config, skip=skip)
+    dec_costs, rejected_d = phase_costs(request, pools, profiles, Phase.DECODE, now, config, skip=skip)
     rejected += rejected_d
-    paths = []
-    pre_costs = [phase_cost(request, o) for o in pre]
-    dec_costs = [phase_cost(request, o) for o in dec]
-    for p, d in candidate_pairs(pre_costs, dec_costs, config):
-        src, dst = p.option.pool.name, d.option.pool.name
-        mismatch = kv_handover(p.option.pool, d.option.pool)
-        if mismatch is not None:
-            rejected.append((f"{src}->{dst}", mismatch))
-            continue
-        link = None if src == dst else effective_link(profiles, src, dst, now, config.confidence)
-        estimate = combine(request, p, d, link, config.transfer_usd_per_gb)
-        measured = path_quality(profiles, request.model, src, dst, now)
+    paths: list[PathEstimate] = []
+    totals: list[float] = []
+    measured_quality = bool(profiles.quality)
+    prompt_tokens, usd_per_gb, model = request.prompt_tokens, config.transfer_usd_per_gb, request.model
+    links = _links(profiles, now, config.confidence)
+    for pre, dec in _pairs(pre_costs, dec_costs, prompt_tokens, config):
+        src, dst, link = pre[0], dec[0], None
+        if src != dst:
+            mismatch = kv_handover(pre[1], dec[1])
+            if mismatch is not None:
+                rejected.append((f"{src}->{dst}", mismatch))
+                continue
+            link = links.get((src, dst))
+            if link is None:
+                link = links[(src, dst)] = effective_link(profiles, src, dst, now, config.confidence)
+        estimate = path_estimate(pre, dec, link, usd_per_gb)
+        measured = path_quality(profiles, model, src, dst, now) if measured_quality else None
         if measured is not None:
             estimate = estimate._replace(quality=measured.score)
         reason = path_filter(request, estimate, config, measured)
         if reason is None:
             paths.append(estimate)
+            totals.append(estimate.total_s)
         else:
             rejected.append((f"{src}->{dst}", reason))
-    return paths, rejected
+    return paths, totals, rejected
 
 
 def _describe(e: PathEstimate) -> str:
@@ -100,14 +146,15 @@ def _reason(chosen: int, ranked: list[int], paths: list[PathEstimate], scores: l
 
 
 def _rank(paths: list[PathEstimate], scores: list[float], totals: Sequence[float], model: str,
-          state: RouterState) -> list[int]:
+          state: RouterState, prefill_pools: set[str], decode_pools: set[str]) -> list[int]:
     """Path indices, best score first; equal scores (to 1e-9, so float noise cannot herd) go to
-    the pool owed the most traffic share, then to the shorter estimate, then by name."""
-    credit_p = {a: state.credit(model, Phase.PREFILL, a) for a in {e.prefill_pool for e in paths}}
-    credit_d = {b: state.credit(model, Phase.DECODE, b) for b in {e.decode_pool for e in paths}}
-    keys = [
-        (-round(score, 9), -(credit_p[e.prefill_pool] + credit_d[e.decode_pool]), total, e.prefill_pool,
-         e.decode_pool, i)
+    the pool owed the most traffic share, then to the shorter estimate, then by name.
+    ``prefill_pools``, ``decode_pools``: the pools the paths use for each phase."""
+    credits_p, credits_d = state.credits(model, Phase.PREFILL), state.credits(model, Phase.DECODE)
+    credit_p = {a: credits_p.get(a, 0.0) for a in prefill_pools}
+    credit_d = {b: credits_d.get(b, 0.0) for b in decode_pools}
+    keys = [  # e[0], e[1]: a path's prefill and decode pools
+        (-round(score, 9), -(credit_p[e[0]] + credit_d[e[1]]), total, e[0], e[1], i)
         for i, (e, score, total) in enumerate(zip(paths, scores, totals))
     ]
     keys.sort()
@@ -116,11 +163,12 @@ def _rank(paths: list[PathEstimate], scores: list[float], totals: Sequence[float
 
 def _pick(
     ranked: list[int], paths: list[PathEstimate], model: str, state: RouterState, config: RouterConfig,
-    rng: random.Random, draw: float,
+    rng: random.Random, draw: float, pools_used: set[str],
 ) -> tuple[int, bool, int]:
-    """(chosen path index, whether it was an exploration pick, how many better paths were passed over)."""
+    """(chosen path index, whether it was an exploration pick, how many better paths were passed
+    over); ``pools_used``: every pool some path uses."""
     if draw < config.exploration_share:
-        explorable = sorted({e.prefill_pool for e in paths} | {e.decode_pool for e in paths})
+        explorable = sorted(pools_used)
         if len(explorable) > 1:
             target = explorable[rng.randrange(len(explorable))]
             return next(i for i in ranked if target in (paths[i].prefill_pool, paths[i].decode_pool)), True, 0
@@ -144,20 +192,22 @@ def route(
     """Place ``request``: prefill pool, decode pool (colocated when equal), estimate and scores."""
     pools = list(pools)
     draw = rng.random()
-    paths, rejected = _candidates(request, pools, profiles, now, config, frozenset())
+    paths, totals, rejected = _candidates(request, pools, profiles, now, config, frozenset())
     relaxed: frozenset[str] = frozenset()
     for name, wanted in (("room_now", config.relax_room_when_empty),
                          ("not_avoided", config.relax_avoid_when_empty and bool(request.avoid_pools))):
         if not paths and wanted:
             relaxed |= {name}
-            paths, rejected = _candidates(request, pools, profiles, now, config, relaxed)
+            paths, totals, rejected = _candidates(request, pools, profiles, now, config, relaxed)
     if not paths:
         reason = f"no eligible path for model {request.model!r} among {len(pools)} pool(s)"
         return NoPlacement(request.request_id, reason, tuple(rejected))
-    x = ScoreInput.of(paths, request, now, config)
+    x = ScoreInput(paths, FieldStats.of(paths, totals), request, now, config, totals)
     scores, columns = score_paths(x)
-    ranked = _rank(paths, scores, x.totals, request.model, state)
-    chosen, explored, passed_over = _pick(ranked, paths, request.model, state, config, rng, draw)
+    prefill_pools, decode_pools = {e[0] for e in paths}, {e[1] for e in paths}
+    ranked = _rank(paths, scores, x.totals, request.model, state, prefill_pools, decode_pools)
+    chosen, explored, passed_over = _pick(ranked, paths, request.model, state, config, rng, draw,
+                                          prefill_pools | decode_pools)
     e = paths[chosen]
     return RoutingDecision(
         request_id=request.request_id,
@@ -171,6 +221,6 @@ def route(
         explored=explored,
         reason=_reason(chosen, ranked, paths, scores, explored, passed_over),
         rejected=tuple(rejected),
-        eligible_prefill=tuple(sorted({p.prefill_pool for p in paths})),
-        eligible_decode=tuple(sorted({p.decode_pool for p in paths})),
+        eligible_prefill=tuple(sorted(prefill_pools)),
+        eligible_decode=tuple(sorted(decode_pools)),
     )

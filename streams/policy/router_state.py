@@ -29,6 +29,7 @@ from .router_config import RouterConfig
 from .types import Phase, PoolState, ProfileTable, RequestWork, RoutingDecision
 
 ShareKey = tuple[str, Phase]  # (model, phase)
+_NO_CREDIT: Mapping[str, float] = {}
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,8 @@ class RouterState:
         self._credit: dict[ShareKey, dict[str, float]] = {}
         self._routed: dict[ShareKey, dict[str, float]] = {}
         self._routed_at: dict[ShareKey, float] = {}
+        # ``_normalised`` by (key, eligible pools): it depends only on the targets, which change in ``refresh``
+        self._shares: dict[tuple[ShareKey, tuple[str, ...]], dict[str, float]] = {}
         self.refreshes = 0
 
     def refresh(
@@ -89,6 +92,7 @@ class RouterState:
     ) -> list[ShareUpdate]:
         """Move every (model, phase) target toward the capacity split of the new profiles."""
         pools = list(pools)
+        self._shares.clear()
         keys = {(m, ph) for p in pools for m in p.models for ph in p.phases} | set(self._targets)
         updates = []
         for model, phase in sorted(keys, key=lambda k: (k[0], k[1].value)):
@@ -126,7 +130,14 @@ class RouterState:
         self._routed_at[key] = max(now, last)
 
     def _charge(self, key: ShareKey, pool: str, tokens: float, among: Collection[str]) -> None:
-        shares = self._normalised(key, among)
+        if isinstance(among, tuple):
+            shares = self._shares.get((key, among))
+            if shares is None:
+                if len(self._shares) >= 4096:  # many distinct eligible sets: keep the cache small
+                    self._shares.clear()
+                shares = self._shares[(key, among)] = self._normalised(key, among)
+        else:
+            shares = self._normalised(key, among)
         credit = self._credit.setdefault(key, {})
         for name, share in shares.items():
             credit[name] = credit.get(name, 0.0) + tokens * share - (tokens if name == pool else 0.0)
@@ -144,6 +155,10 @@ class RouterState:
     def credit(self, model: str, phase: Phase, pool: str) -> float:
         """Tokens the pool is owed (> 0) or has taken beyond its target share (< 0)."""
         return self._credit.get((model, phase), {}).get(pool, 0.0)
+
+    def credits(self, model: str, phase: Phase) -> Mapping[str, float]:
+        """Every pool's ``credit`` of (model, phase) (a pool not in it has 0); read-only."""
+        return self._credit.get((model, phase), _NO_CREDIT)
 
     def realized(self, model: str, phase: Phase) -> dict[str, float]:
         """Decayed share of routed tokens per pool (decay is common to all pools of a key, so

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 
 from .router_config import RouterConfig, ScorerWeights
@@ -57,20 +57,22 @@ class ScoreInput:
         return cls(estimates, FieldStats.of(estimates, totals), request, now, config, totals)
 
 
-def _clamp(value: float) -> float:
-    return 0.0 if math.isnan(value) else min(1.0, max(0.0, value))
+def _ratios(best: float, values: Iterable[float | None], unknown: float) -> list[float]:
+    """best / value for each value (``score_paths`` clamps them): 0 for an infinite value, 1
+    for a free one, ``unknown`` for None."""
+    isinf = math.isinf
+    return [unknown if v is None else 0.0 if isinf(v) else 1.0 if v <= 0 else best / v for v in values]
 
 
-def _ratio(best: float, value: float) -> float:
-    """best / value (``score_paths`` clamps it); 0 for an infinite value, 1 for a free one."""
-    if math.isinf(value):
-        return 0.0
-    return 1.0 if value <= 0 else best / value
+def _clamped(values: list[float]) -> list[float]:
+    """``values`` with each clamped to [0, 1] (NaN to 0); the list itself when all are in range."""
+    if values and min(values) >= 0.0 and max(values) <= 1.0 and not any(map(math.isnan, values)):
+        return values
+    return [v if 0.0 <= v <= 1.0 else 1.0 if v > 1.0 else 0.0 for v in values]  # NaN fails both tests: 0
 
 
 def completion(x: ScoreInput) -> list[float]:
-    best = x.field.best_total_s
-    return [_ratio(best, total) for total in x.totals]
+    return _ratios(x.field.best_total_s, x.totals, 0.0)  # totals are never None
 
 
 def cost(x: ScoreInput) -> list[float]:
@@ -78,7 +80,7 @@ def cost(x: ScoreInput) -> list[float]:
     if best is None:
         return [1.0] * len(x.estimates)  # no pool carries a price: money does not separate the paths
     # unpriced among priced pools: neither free nor the most expensive
-    return [0.5 if e.cost is None else _ratio(best, e.cost) for e in x.estimates]
+    return _ratios(best, [e.cost for e in x.estimates], 0.5)
 
 
 def memory(x: ScoreInput) -> list[float]:
@@ -127,7 +129,7 @@ def score_paths(x: ScoreInput) -> tuple[list[float], Columns]:
     """The weighted mean of every scorer with a weight > 0 for each path (in ``x.estimates``
     order), and the per-scorer values, clamped to [0, 1], as columns (``parts_of`` picks one path's)."""
     active = _active(x.config.weights)
-    columns = tuple((name, [v if 0.0 <= v <= 1.0 else _clamp(v) for v in fn(x)]) for name, fn, _ in active)
+    columns = tuple((name, _clamped(fn(x))) for name, fn, _ in active)
     weights = [weight for _, _, weight in active]
     totals = [sum(map(operator.mul, weights, path)) for path in zip(*(values for _, values in columns))]
     return totals, columns

@@ -17,7 +17,7 @@ from phaseroute.streams.policy import (
     join_batch,
     scorers,
 )
-from phaseroute.streams.policy.cost_model import phase_cost, queue_wait
+from phaseroute.streams.policy.cost_model import phase_cost
 
 CFG = RouterConfig()
 
@@ -27,8 +27,12 @@ def run_filter(mk, name, *, pool=None, request=None, phase=Phase.DECODE, profile
     if profile_row == "default":
         profile_row = mk.row("p", phase)
     profile = None if profile_row is None else EffectiveProfile(profile_row, 1.0, 1.0)
-    x = filters.FilterInput(request or mk.req(), pool, phase, profile, mk.NOW if now is None else now, CFG)
-    return dict(filters.POOL_FILTERS)[name](x)
+    request, now = request or mk.req(), mk.NOW if now is None else now
+    if name in dict(filters.POOL_FILTERS):
+        return dict(filters.POOL_FILTERS)[name](filters.PoolInput(pool, phase, request.model, profile, now, CFG))
+    others = frozenset(filters.REQUEST_FILTERS) - {name}
+    reason = filters.request_rejection(request, pool, profile.row, phase, CFG, skip=others)
+    return None if reason is None else reason.removeprefix(f"{name}: ")
 
 
 @pytest.mark.parametrize(
@@ -214,7 +218,11 @@ def test_estimate_path_colocated_vs_disaggregated(mk):
 
 
 def test_queue_wait_counts_requests_when_tokens_unknown(mk):
-    r = mk.row("p", Phase.DECODE, 1000.0)
-    assert queue_wait(mk.pool("p", queue_requests=10), r, 100) == pytest.approx(1.0)
-    assert queue_wait(mk.pool("p", queue_requests=10, workers=2), r, 100) == pytest.approx(0.5)
-    assert queue_wait(mk.pool("p"), r, 100) == 0.0
+    r, req = mk.row("p", Phase.DECODE, 1000.0), mk.req(out=100)
+
+    def wait(pool):
+        return phase_cost(req, PhaseOption(pool, Phase.DECODE, r, 1.0)).wait_s
+
+    assert wait(mk.pool("p", queue_requests=10)) == pytest.approx(1.0)
+    assert wait(mk.pool("p", queue_requests=10, workers=2)) == pytest.approx(0.5)
+    assert wait(mk.pool("p")) == 0.0
