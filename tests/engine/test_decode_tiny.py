@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import torch
 
+from phaseroute.engine.errors import KVFormatError
 from phaseroute.engine.protocol import DecodeRequest, PrefillItem
 
 PROMPTS = [[(7 * i + 3 * j) % 500 + 3 for j in range(n)] for i, n in enumerate([3, 9, 17, 30, 5, 12])]
@@ -99,5 +100,5 @@ def test_logprobs_are_returned_per_token(tiny: Any, drain: Any) -> None:
 def test_kv_from_another_model_shape_is_refused(tiny: Any) -> None:
     [res] = tiny.prefill([PrefillItem("a", 5, token_ids=(5, 6, 7))])
     wrong = type(res.kv)(res.kv.keys, res.kv.values, __import__("dataclasses").replace(res.kv.meta, model="smollm2-135m"))
-    with pytest.raises(ValueError, match="smollm2-135m"):
+    with pytest.raises(KVFormatError, match="smollm2-135m"):
         tiny.decode_session().add(DecodeRequest("a", wrong, res.first_token, 5))
