@@ -152,15 +152,19 @@ def test_every_client_reaches_a_sasl_cluster_with_the_client_config(sasl_broker:
     assert trip.returncode == 0, trip.stderr[-2000:]
     assert trip.stdout.split() == ["sasl", "round", "trip", "1"]
 
-    control = subprocess.Popen([*CLI, "control"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # its log goes to a file: Faust logs tens of KB at start, which would fill an undrained pipe and stall it
+    log = tmp_path / "control.log"
+    with open(log, "wb") as out:
+        control = subprocess.Popen([*CLI, "control"], env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         admin = AdminClient({"bootstrap.servers": sasl_broker, **_client_config(), "log_level": 0})
-        deadline, groups = time.monotonic() + 120, []
+        deadline, groups = time.monotonic() + 300, []
         while time.monotonic() < deadline and CONTROL_APP_ID not in groups:
-            assert control.poll() is None, f"the control plane exited {control.returncode}: {control.stderr.read()[-3000:]}"
+            assert control.poll() is None, f"the control plane exited {control.returncode}: {log.read_text()[-3000:]}"
             groups = [g.group_id for g in admin.list_consumer_groups().result(timeout=10).valid]
             time.sleep(2)
-        assert CONTROL_APP_ID in groups, f"the control plane's Faust consumer did not join the SASL cluster: {groups}"
+        assert CONTROL_APP_ID in groups, (f"the control plane's Faust consumer did not join the SASL cluster: {groups}; "
+                                          f"its log ends: {log.read_text()[-3000:]}")
     finally:
         control.terminate()
         control.wait(timeout=60)
