@@ -131,7 +131,8 @@ def test_the_telemetry_service_runs_the_builder_on_its_ticks(tmp_path: Any, boot
     with socket.socket() as s:  # a free port for the service's SQL server (never started here)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.run([sys.executable, "-c", SERVICE, str(tmp_path), str(port)], capture_output=True, text=True, timeout=120)
+    # the service imports torch and the profile builder: minutes on a loaded 2-core machine
+    proc = subprocess.run([sys.executable, "-c", SERVICE, str(tmp_path), str(port)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report == {"tick_is_builder": True, "topic": "profiles", "builds": 1, "published": 0, "failures": 0}
