@@ -193,6 +193,6 @@ def build_telemetry_sink(settings: Settings, group_suffix: str = "", profiles: b
     )
     builder = service_builder(client, settings.bootstrap_servers, settings.clickhouse_database) if profiles else None
     loop = WorkerLoop(config, handler, on_tick=builder.on_tick if builder else None)
-    loop.query_server = QueryServer(client, settings.telemetry_port)  # type: ignore[attr-defined]
+    loop.query_server = QueryServer(client, settings.telemetry_port, settings)  # type: ignore[attr-defined]
     loop.profile_builder = builder  # type: ignore[attr-defined]
     return loop

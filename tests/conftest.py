@@ -16,6 +16,18 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported:
 from phaseroute.config import settings
 
 
+@pytest.fixture(autouse=True)
+def _phaseroute_environment_restored() -> Iterator[None]:
+    """A test that runs the CLI in-process (``--home`` sets PHASEROUTE_HOME for the process and its
+    children) must not move every later test's state dir: PHASEROUTE_* are restored after each test."""
+    before = {k: v for k, v in os.environ.items() if k.startswith("PHASEROUTE_")}
+    yield
+    for key in [k for k in os.environ if k.startswith("PHASEROUTE_") and k not in before]:
+        del os.environ[key]
+    os.environ.update(before)
+    settings.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def bootstrap() -> str:
     """The running broker's bootstrap servers; a missing broker fails the test loudly."""
