@@ -246,12 +246,13 @@ def test_kv_corruption_on_one_path_is_detected_and_that_path_loses_exact_work(li
 
 
 DRIFT_TO_CLICKHOUSE = """
-import json, sys, time
+import json, os, sys, time
+os.environ["PHASEROUTE_HOME"] = sys.argv[1]  # this process's state dir: its chdb, and the SQL server's token
 from phaseroute.config import load_settings
 from phaseroute.consumers.handler import WorkItem
 from phaseroute.consumers.telemetry_sink import TelemetrySinkHandler
 from phaseroute.infra import clickhouse
-cfg = load_settings(home=sys.argv[1])
+cfg = load_settings()
 client = clickhouse.connect(cfg)
 clickhouse.apply_ddl(client, cfg.clickhouse_database)
 sink = TelemetrySinkHandler(client, cfg.clickhouse_database)
@@ -270,7 +271,7 @@ from phaseroute.consumers.query_server import LockedClient, QueryServer
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-server = QueryServer(LockedClient(client), port)
+server = QueryServer(LockedClient(client), port, cfg)
 server.start()
 summary = drift_summary(port, time.time() - 3600, db)
 plot_drift(summary["timeline"], sys.argv[3])

@@ -76,7 +76,7 @@ def stack(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     env.pop("PHASEROUTE_PROCESS_NAME", None)
     pool, added = f"cs{uuid.uuid4().hex[:6]}", f"ca{uuid.uuid4().hex[:6]}"
     started = time.monotonic()
-    up = cli(env, "up", "--pools", f"{pool}=both:fp32")
+    up = cli(env, "up", "--pools", f"{pool}=both:fp32:1")
     up_s = time.monotonic() - started
     try:
         assert up.returncode == 0, up.stderr[-3000:]
@@ -136,7 +136,9 @@ def test_pools_json_shows_the_live_pool_and_only_its_phase(stack: dict[str, Any]
 def test_a_pool_added_to_the_running_stack_is_profiled_while_telemetry_pauses(stack: dict[str, Any]) -> None:
     env, run_dir = stack["env"], stack["home"] / "run"
     telemetry_before = processes.alive_pid(run_dir, "telemetry")
-    second = cli(env, "up", "--pools", f"{stack['pool']}=both:fp32,{stack['added']}=prefill:fp32")
+    # threads named in both specs: left out, they are planned over all pools (2 then 1 here), and a
+    # profile is per thread count, so the first pool would need a new one
+    second = cli(env, "up", "--pools", f"{stack['pool']}=both:fp32:1,{stack['added']}=prefill:fp32:1")
     assert second.returncode == 0, second.stderr[-3000:]
     out = second.stderr
     assert f"pool {stack['added']}: measured in" in out
