@@ -3,8 +3,8 @@
 Life of a job through the agents (each hands its record to ``ControlShell``, which asks the
 pure ``ControlCore`` and returns what to send):
 - ``submit`` on ``jobs.submitted``: intake (the input from the tenant's blob-store prefix,
-  validated, rendered, tokenized) runs in a worker thread, off the event loop, one job at a
-  time (a small job waits for a big file's intake before it: see the issue-12 note), then admission ->
+  validated, rendered, tokenized) runs in a worker thread, off the event loop, for up to
+  ``INTAKE_CONCURRENCY`` jobs at once (a small job does not wait for a big file), then admission ->
   ``jobs.events`` / ``jobs.state`` and the requests streamed to ``requests.pending``;
 - ``pending`` on ``requests.pending`` -> the fair queues (the text goes to the ``prompts`` table);
 - the ``dispatch`` timer (every ``tick_s``) -> ``prefill.<pool>`` work, retries, speculative
@@ -56,6 +56,9 @@ from phaseroute.streams.views import PoolView, ProfileView, TopicFollower
 log = logging.getLogger(__name__)
 APP_ID = topics.CONTROL_APP_ID
 CATCH_UP_S = 15.0  # how long a (re)start waits for the profile and pool views before it dispatches anyway
+# Jobs are independent: a few are taken in at once, so a small job is not queued behind the
+# intake of a 50,000-line file (the intakes run in threads; the core is only touched on the loop)
+INTAKE_CONCURRENCY = 4
 
 # (topic, Avro kind, agent name): every topic the control plane reads besides jobs.submitted
 _INPUTS = (
@@ -102,7 +105,7 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
     core = ControlCore(config, store)
     profile_view, pool_view = ProfileView(), PoolView(dead_after_s=config.heartbeat_timeout_s)
     shell = ControlShell(core, prompts, infos, output_prefix, pool_view, profile_view, open_blob_store(settings.blob_store))
-    intake_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="intake")
+    intake_pool = concurrent.futures.ThreadPoolExecutor(max_workers=INTAKE_CONCURRENCY, thread_name_prefix="intake")
     handle: dict[str, Any] = {"shell": shell, "core": core, "profiles": profile_view, "pools": pool_view,
                               "followers": [], "ready": False, "restoring": False}
     out_topics: dict[tuple[str, str], faust.TopicT] = {}
@@ -121,7 +124,7 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
             raw, message.key, message.topic, message.partition, message.offset, exc, DeadLetterStage.PROCESS,
             f"control/{where}", ms(time.time())))
 
-    def agent_for(source: str, kind: str, name: str) -> None:
+    def agent_for(source: str, kind: str, name: str, concurrency: int = 1) -> None:
         async def process(stream: Any) -> None:
             async for event in stream.events():
                 while not handle["ready"]:  # the views and the restored core come first
@@ -145,9 +148,9 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
                     await dead_letter(m, record, name, exc)
 
         process.__name__ = f"{name}_agent"
-        app.agent(topic(source, kind), name=f"{APP_ID}.{name}")(process)
+        app.agent(topic(source, kind), name=f"{APP_ID}.{name}", concurrency=concurrency)(process)
 
-    agent_for(topics.JOBS_SUBMITTED, "job_submitted", "submit")
+    agent_for(topics.JOBS_SUBMITTED, "job_submitted", "submit", concurrency=INTAKE_CONCURRENCY)
     for source, kind, name in _INPUTS:
         agent_for(source, kind, name)
 
