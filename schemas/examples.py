@@ -46,7 +46,8 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
         "kind": "PROGRESS", "state": "RUNNING", "reason": None, "earliest_feasible_deadline": None,
         "model": MODEL, "priority": 1, "submitted_at": T0, "deadline": DEADLINE,
         "requests_total": 2, "requests_done": 1, "requests_failed": 0, "tokens_in": 21, "tokens_out": 9,
-        "deadline_missed": False, "output_file": f"tenants/{TENANT}/outputs/{JOB_ID}/", "at": T0 + 4_200,
+        "deadline_missed": False, "lines_written": 1, "output_file": f"tenants/{TENANT}/outputs/{JOB_ID}/",
+        "at": T0 + 4_200,
     },
     "request": {
         "request_id": REQUEST_ID, "job_id": JOB_ID, "tenant": TENANT, "custom_id": CUSTOM_ID, "priority": 1,

@@ -111,6 +111,7 @@ class JobEvent(AvroRecord):
     tokens_in: int = 0
     tokens_out: int = 0
     deadline_missed: bool = False
+    lines_written: int = 0
     output_file: str | None = None
     at: int
 

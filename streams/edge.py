@@ -151,7 +151,7 @@ def job_event(j: JobChanged, now: float, output_file: str | None) -> dict[str, A
         "model": job["model"], "priority": job["priority"], "submitted_at": ms(job["submitted_at"]),
         "deadline": ms(deadline or 0.0), "requests_total": job["requests_total"], "requests_done": job["done"],
         "requests_failed": job["failed"], "tokens_in": job["tokens_in"], "tokens_out": job["tokens_out"],
-        "deadline_missed": missed, "output_file": output_file, "at": ms(now),
+        "deadline_missed": missed, "lines_written": job["lines_written"], "output_file": output_file, "at": ms(now),
     }
 
 

@@ -120,7 +120,7 @@ class ControlShell:
     def on_record(self, kind: str, record: dict[str, Any], now: float, origin: Origin | None = None) -> list[Send]:
         if kind == "request":
             rid = record["request_id"]
-            if rid not in self.prompts:
+            if rid not in self.prompts and self.core.job_is_open(record["job_id"]):
                 self.prompts[rid] = {"prompt": record["prompt"], "sampling": record["sampling"],
                                      "canary": record.get("canary")}
             return self.sends_of(self.core.handle(edge.request_queued(record), now), now, origin)

@@ -22,6 +22,7 @@ from phaseroute.api.wire import (
     BatchUsage,
     RequestCounts,
 )
+from phaseroute.schemas.enums import JobState
 from phaseroute.streams.validation_report import read_validation_errors
 
 FINAL = ("completed", "failed", "cancelled", "expired")
@@ -47,7 +48,8 @@ def batch_view(state: Any, record: dict[str, Any]) -> Batch:
     fields: dict[str, Any] = dict(timestamps(track, status))
     if record.get("cancelling_at") and status in ("cancelling", "cancelled"):
         fields["cancelling_at"] = record["cancelling_at"]
-    if status == "cancelling" and track is not None and time.time() - record.get("cancel_sent_at", 0) > RESEND_CANCEL_S:
+    if (status == "cancelling" and track is not None and not JobState(track.latest["state"]).is_finished
+            and time.time() - record.get("cancel_sent_at", 0) > RESEND_CANCEL_S):
         state.send_cancel(record)
     errors = None
     if status == "failed" and track is not None:

@@ -10,11 +10,14 @@
 | FAILED with requests (every request failed)         | completed     |
 | FAILED without requests                             | failed        |
 | a cancel was asked, state not yet final             | cancelling    |
-| CANCELLED                                           | cancelled     |
+| CANCELLED, some request's line not yet written      | cancelling    |
+| CANCELLED with its output whole                     | cancelled     |
 | EXPIRED                                             | expired       |
 
 As at OpenAI, a batch whose requests all failed is ``completed`` with no output file and an
-error file. Timestamps are unix seconds of the first event that reached each stage.
+error file. A cancelled batch stays ``cancelling`` until every request has its line (the ones
+still queued when the cancel came end ``batch_cancelled``), so its files are whole when it is
+``cancelled``. Timestamps are unix seconds of the first event that reached each stage.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ class JobTrack:
     """What the API knows of one job from ``jobs.state`` / ``jobs.events``."""
 
     latest: dict[str, Any]
-    first_at: dict[str, int] = field(default_factory=dict)  # state or "finalizing" -> epoch ms
+    first_at: dict[str, int] = field(default_factory=dict)  # state, "finalizing" or "cancelled" -> epoch ms
     _seen: set[str] = field(default_factory=set)
 
     def update(self, event: dict[str, Any]) -> None:
@@ -43,13 +46,21 @@ class JobTrack:
 
     def note(self, event: dict[str, Any]) -> None:
         state = event["state"]
-        if state not in self.first_at or event["at"] < self.first_at[state]:
-            self.first_at[state] = event["at"]
+        self._first(state, event["at"])
         total = event.get("requests_total") or 0
         if total and event["requests_done"] + event["requests_failed"] >= total:
-            at = self.first_at.get("finalizing")
-            if at is None or event["at"] < at:
-                self.first_at["finalizing"] = event["at"]
+            self._first("finalizing", event["at"])
+        if state == JobState.CANCELLED.value and output_whole(event):
+            self._first("cancelled", event["at"])
+
+    def _first(self, stage: str, at: int) -> None:
+        if stage not in self.first_at or at < self.first_at[stage]:
+            self.first_at[stage] = at
+
+
+def output_whole(event: dict[str, Any]) -> bool:
+    """Every request of the job has a durable line (a job without requests has nothing to write)."""
+    return (event.get("lines_written") or 0) >= (event.get("requests_total") or 0)
 
 
 def batch_status(track: JobTrack | None, cancel_requested: bool) -> BatchStatus:
@@ -65,7 +76,7 @@ def batch_status(track: JobTrack | None, cancel_requested: bool) -> BatchStatus:
     if state is JobState.FAILED:
         return "completed" if total else "failed"
     if state is JobState.CANCELLED:
-        return "cancelled"
+        return "cancelled" if output_whole(event) else "cancelling"
     if state is JobState.EXPIRED:
         return "expired"
     if cancel_requested:
@@ -94,7 +105,7 @@ def timestamps(track: JobTrack | None, status: str) -> dict[str, int | None]:
     if status == "failed":
         out["failed_at"] = seconds(first.get("REJECTED") or first.get("FAILED"))
     if status == "cancelled":
-        out["cancelled_at"] = seconds(first.get("CANCELLED"))
+        out["cancelled_at"] = seconds(first.get("cancelled") or first.get("CANCELLED"))
     if status == "expired":
         out["expired_at"] = seconds(first.get("EXPIRED"))
     return out

@@ -101,8 +101,7 @@ class ControlCore:
         job = self.jobs.jobs.get(ev.job_id)
         if job is not None and job.state.is_finished and output_whole(job):
             return []  # a replay: every request of the job ended (and was forgotten)
-        job_open = job is None or not job.state.is_finished
-        return self._closing(self.dispatch.queue(ev, now, job_open))
+        return self._closing(self.dispatch.queue(ev, now, self.job_is_open(ev.job_id)))
 
     def _quarantine(self, ev: RequestQueued, reason: str, now: float) -> list[Decision]:
         """An admitted request whose arrival could not be handled still needs its one line: it
@@ -228,6 +227,12 @@ class ControlCore:
             if pre > 0 and dec > 0 and tokens_in + tokens_out > 0:
                 rate += fair.cost(tokens_in, tokens_out) / (tokens_in / pre + tokens_out / dec)
         return rate or None
+
+    def job_is_open(self, job_id: str) -> bool:
+        """False once the job finished (cancelled, expired, done): a request of it that arrives
+        late ends at once, so the shell need not keep its prompt text."""
+        job = self.jobs.jobs.get(job_id)
+        return job is None or not job.state.is_finished
 
     @property
     def reports(self) -> Reports:

@@ -21,9 +21,10 @@ from phaseroute.streams.policy import TenantQuota
 from phaseroute.streams.tenant_config import tenant_settings
 
 
-def _event(state: str, at: int, total: int = 4, done: int = 0, failed: int = 0) -> dict:
+def _event(state: str, at: int, total: int = 4, done: int = 0, failed: int = 0, lines: int | None = None) -> dict:
     return dict(example("job_event"), state=state, kind=state if state != "RUNNING" else "PROGRESS", at=at,
-                requests_total=total, requests_done=done, requests_failed=failed)
+                requests_total=total, requests_done=done, requests_failed=failed,
+                lines_written=done + failed if lines is None else lines)
 
 
 @pytest.mark.parametrize("events,cancel,status", [
@@ -37,7 +38,8 @@ def _event(state: str, at: int, total: int = 4, done: int = 0, failed: int = 0) 
     ([("ADMITTED", 0, 0), ("COMPLETED", 4, 0)], False, "completed"),
     ([("ADMITTED", 0, 0), ("FAILED", 0, 4)], False, "completed"),  # every request failed: completed, as OpenAI
     ([("ADMITTED", 0, 0), ("RUNNING", 1, 0)], True, "cancelling"),
-    ([("ADMITTED", 0, 0), ("CANCELLED", 1, 0)], True, "cancelled"),
+    ([("ADMITTED", 0, 0), ("CANCELLED", 1, 0)], True, "cancelling"),  # 3 requests still need their line
+    ([("ADMITTED", 0, 0), ("CANCELLED", 1, 0), ("CANCELLED", 1, 3)], True, "cancelled"),
     ([("ADMITTED", 0, 0), ("EXPIRED", 3, 0)], False, "expired"),
 ])
 def test_job_states_map_to_the_eight_batch_statuses(events, cancel, status) -> None:
@@ -122,3 +124,13 @@ def test_tenant_records_become_weights_caps_and_quotas() -> None:
     assert quotas == {"acme": TenantQuota(2_000_000, 10), "globex": TenantQuota(None, 0)}
     with pytest.raises(ValueError, match="tenant 'acme': weight must be a positive number, got 0"):
         tenant_settings([dict(acme, weight=0)])
+
+
+def test_a_cancelled_batch_is_cancelled_once_every_line_is_written() -> None:
+    track = JobTrack(_event("ADMITTED", 1_000))
+    track.note(track.latest)
+    track.update(_event("CANCELLED", 2_000, done=1, failed=3, lines=1))  # failed at once, lines still to come
+    assert batch_status(track, True) == "cancelling"
+    track.update(_event("CANCELLED", 7_000, done=1, failed=3, lines=4))  # the core's "output whole" event
+    assert batch_status(track, True) == "cancelled"
+    assert timestamps(track, "cancelled")["cancelled_at"] == 7

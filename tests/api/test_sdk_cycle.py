@@ -251,5 +251,12 @@ def test_a_50000_line_upload_is_admitted(stack) -> None:
     admitted = _wait(client, batch.id, live, 900, until=("in_progress", "finalizing", *FINAL))
     assert admitted.status == "in_progress", admitted.errors
     assert admitted.request_counts.total == 50_000
-    client.batches.cancel(batch.id)
-    assert _wait(client, batch.id, live, 300).status == "cancelled"
+    assert client.batches.cancel(batch.id).status == "cancelling"
+    began = time.time()
+    cancelled = _wait(client, batch.id, live, 900)  # each request still queued gets its batch_cancelled line
+    print(f"\n50,000-line batch: cancelled with every line written {time.time() - began:.0f} s after the cancel")
+    assert cancelled.status == "cancelled", cancelled
+    counts = cancelled.request_counts
+    assert counts.completed + counts.failed == 50_000 and counts.failed > 0, counts
+    errors = client.files.content(cancelled.error_file_id).text.splitlines()
+    assert len(errors) == counts.failed and '"batch_cancelled"' in errors[-1]

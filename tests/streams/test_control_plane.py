@@ -296,6 +296,22 @@ def test_cancel_fails_every_open_request_once_and_the_job_ends_when_its_output_i
     assert states(last) == ["CANCELLED"] and cp.core.dispatch.by_job.get("j-c") is None
 
 
+def test_requests_of_a_cancelled_job_read_after_the_cancel_end_at_once_and_keep_no_text(model_info) -> None:
+    """A big job cancelled while most of its requests are still on requests.pending: each one read
+    later gets its one batch_cancelled line, is never dispatched, and its prompt is not stored."""
+    now = time.time()
+    cp = plane(model_info, {"colo": "BOTH"}, now)
+    pending = [s.record for s in cp.submit(job("j-late", "acme", 20, 3600, now), now) if s.topic == "requests.pending"]
+    for record in pending[:5]:
+        cp.record("request", record, now)
+    cancel = {"job_id": "j-late", "tenant": "acme", "command": "CANCEL", "at": 0, "reason": "too big"}
+    assert states(cp.record("job_command", cancel, now + 1)) == ["CANCELLED"]
+    late = [s for record in pending[5:] for s in cp.record("request", record, now + 2)]
+    assert [s.record["error_code"] for s in late if s.topic == "results"] == ["batch_cancelled"] * 15
+    assert not set(cp.shell.prompts) & {r["request_id"] for r in pending[5:]}, "no text kept for a request that cannot run"
+    assert not prefill(cp.tick(now + 3))
+
+
 def test_request_ids_are_derived_from_job_and_custom_id(model_info) -> None:
     now = time.time()
     cp = plane(model_info, {"colo": "BOTH"}, now)
