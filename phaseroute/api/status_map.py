@@ -59,8 +59,11 @@ class JobTrack:
 
 
 def output_whole(event: dict[str, Any]) -> bool:
-    """Every request of the job has a durable line (a job without requests has nothing to write)."""
-    return (event.get("lines_written") or 0) >= (event.get("requests_total") or 0)
+    """Every request of the job has its result and a durable line, as the core counts them (a job
+    without requests has nothing to write)."""
+    total = event.get("requests_total") or 0
+    finished = event["requests_done"] + event["requests_failed"]
+    return finished >= total and (event.get("lines_written") or 0) >= total
 
 
 def batch_status(track: JobTrack | None, cancel_requested: bool) -> BatchStatus:

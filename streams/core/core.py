@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from phaseroute.schemas.enums import JobEventKind, JobState
-from phaseroute.streams.policy import Phase, RequestWork, fleet_tokens_per_s
+from phaseroute.streams.policy import Phase, RequestWork, fleet_tokens_per_s, measured_quality_refusal, path_quality
 
 from . import recovery
 from .config import CoreConfig
@@ -296,7 +296,7 @@ class ControlCore:
                 d.on_pool.setdefault(attempt.pool, set()).add((state.request_id, attempt.number))
                 d.watch(state, attempt, now)
                 recent = now - attempt.started_at <= self.config.resend_after_restart_s
-                if attempt.phase is Phase.PREFILL and recent and self._reachable(attempt, now):
+                if attempt.phase is Phase.PREFILL and recent and self._resendable(state, attempt, now):
                     # dispatched just before the stop: its send may be lost (a table write and a send
                     # are not one transaction); the same attempt again is harmless (same ids)
                     resend.append(Dispatch(state.work, state.custom_id, state.priority, attempt.number,
@@ -308,10 +308,15 @@ class ControlCore:
                                 state.final_code or "request_failed")]
         return []
 
-    def _reachable(self, attempt: Attempt, now: float) -> bool:
-        """Both pools of the attempt are known and alive (a dead one's work is placed again anyway)."""
+    def _resendable(self, state: RequestState, attempt: Attempt, now: float) -> bool:
+        """Both pools of the attempt are known and alive (a dead one's work is placed again
+        anyway), and the canaries have not since demoted its path for the request's tier (if its
+        first send was lost, the attempt times out and is placed again where the tier allows)."""
         fleet, dead = self.dispatch.fleet, self.dispatch.fleet.dead(now)
-        return all(fleet.known(p) and p not in dead for p in (attempt.prefill_pool, attempt.decode_pool))
+        if not all(fleet.known(p) and p not in dead for p in (attempt.prefill_pool, attempt.decode_pool)):
+            return False
+        measured = path_quality(self.dispatch.table, state.work.model, attempt.prefill_pool, attempt.decode_pool, now)
+        return measured is None or measured_quality_refusal(state.work, measured) is None
 
     def job_state(self, job_id: str) -> JobState | None:
         job = self.jobs.jobs.get(job_id)

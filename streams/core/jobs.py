@@ -2,7 +2,8 @@
 
 Life of a job here:
 1. ``submit``: an id seen before is not run twice (its state is said again, with the original
-   reason), except a REJECTED id, which is judged again (its earlier rejection stays in the job's
+   reason; the same submission read again after a restart queues its requests again, in case
+   their stream was cut short), except a REJECTED id, which is judged again (its earlier rejection stays in the job's
    event history). Intake errors, a sampling mode the backend lacks, and everything
    ``policy.admit`` checks (ids, quotas, context, capacity, deadline feasibility against the
    admitted backlog) can reject it, with a reason a user can act on; an admitted job's requests
@@ -34,9 +35,11 @@ from phaseroute.streams.policy import (
     ProfileTable,
     RejectCode,
     Rejected,
+    RequestWork,
     TenantQuota,
     admit,
     format_time,
+    split_job,
 )
 
 from .config import CoreConfig
@@ -78,7 +81,7 @@ class JobBook:
         if known is not None and known.state is not JobState.REJECTED:
             note = f"job id already submitted; not run again (it was {known.state.name}"
             note += f": {known.reason})" if known.reason else ")"
-            return [changed(known, _FINAL_KIND[known.state], note)]
+            return self._requeue_replay(known, ev) + [changed(known, _FINAL_KIND[known.state], note)]
         job = JobRecord(ev.job_id, ev.tenant, ev.model, ev.priority, ev.submitted_at, ev.deadline, ev.quality_tier,
                         submissions=known.submissions + 1 if known else 1)
         problem = job_id_problem(ev.job_id) or ev.intake_error
@@ -111,13 +114,28 @@ class JobBook:
         self.dirty.add(job.job_id)
         if job.deadline is not None and self.config.expire_after_deadline_s is not None:
             heapq.heappush(self._expiry, (job.deadline + self.config.expire_after_deadline_s, job.job_id))
-        out: list[Decision] = []
-        for index, (work, prompt) in enumerate(zip(verdict.requests, ev.prompts, strict=True)):
-            out.append(QueueRequest(RequestQueued(
-                work.request_id, job.job_id, job.tenant, prompt.custom_id, job.model, work.prompt_tokens,
-                work.max_output_tokens, job.deadline, job.priority, job.quality_tier, ev.quality_tolerance), index))
-        out.append(changed(job, JobEventKind.ADMITTED, job.reason))
-        return out
+        return self._queue_requests(job, ev, verdict.requests) + [changed(job, JobEventKind.ADMITTED, job.reason)]
+
+    def _requeue_replay(self, job: JobRecord, ev: JobSubmitted) -> list[Decision]:
+        """The same submission read again (a restart before its offset was committed): the stream
+        of its requests to ``requests.pending`` may have been cut short, so every request is
+        queued again; the ones already read are known by id and dropped there. A new submission
+        under a used id (another ``submitted_at``) queues nothing."""
+        if (ev.submitted_at != job.submitted_at or len(ev.prompts) != job.requests_total or output_whole(job)
+                or ev.intake_error is not None):
+            return []
+        spec = JobSpec(job_id=job.job_id, tenant=job.tenant, model=job.model, prompt_tokens=tuple(p.tokens for p in ev.prompts),
+                       max_output_tokens=max((p.max_tokens for p in ev.prompts), default=1), deadline=job.deadline,
+                       quality_tier=job.quality_tier, quality_tolerance=ev.quality_tolerance, priority=job.priority,
+                       custom_ids=tuple(p.custom_id for p in ev.prompts),
+                       output_tokens=tuple(p.max_tokens for p in ev.prompts))
+        return self._queue_requests(job, ev, split_job(spec))
+
+    def _queue_requests(self, job: JobRecord, ev: JobSubmitted, requests: Sequence[RequestWork]) -> list[Decision]:
+        return [QueueRequest(RequestQueued(
+            work.request_id, job.job_id, job.tenant, prompt.custom_id, job.model, work.prompt_tokens,
+            work.max_output_tokens, job.deadline, job.priority, job.quality_tier, ev.quality_tolerance), index)
+            for index, (work, prompt) in enumerate(zip(requests, ev.prompts, strict=True))]
 
     def _reject(self, job: JobRecord, reason: str, earliest: float | None, now: float,
                 suggest_deadline: bool = False) -> list[Decision]:

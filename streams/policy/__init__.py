@@ -29,6 +29,7 @@ from .confidence import ConfidenceConfig, EffectiveProfile, confidence, effectiv
 from .cost_model import PhaseOption, estimate_path, fleet_tokens_per_s, join_batch, service_time, transfer_time
 from .fairness import FairConfig, FairScheduler, FreeCapacity, Release, SchedulerOutput, TenantReport
 from .feasibility import QueuedWork, check_deadline, earliest_feasible_deadline
+from .filters import measured_quality_refusal
 from .lifecycle import AttemptStatus, FailureKind, attempt_id, job_transition_error, parse_attempt_id
 from .pool_loss import InFlightAttempt, Redispatch, dead_pools, redispatch_lost
 from .profile_builder import (
@@ -153,6 +154,7 @@ __all__ = [
     "is_straggler",
     "job_transition_error",
     "join_batch",
+    "measured_quality_refusal",
     "next_step",
     "parse_attempt_id",
     "path_quality",

@@ -156,21 +156,27 @@ def kv_handover(prefill: PoolState, decode: PoolState) -> str | None:
     return None
 
 
+def measured_quality_refusal(request: RequestWork, measured: PathQuality) -> str | None:
+    """None when the canaries' (measured or inferred) quality of a path allows the request's
+    tier there, else why not: EXACT needs ``exact_ok``, APPROXIMATE a score >= 1 - tolerance."""
+    where = "measured" if measured.samples else "inferred from the pools' measured paths"
+    if request.quality_tier is QualityTier.EXACT:
+        if measured.exact_ok:
+            return None
+        return f"path demoted for exact tier by canary drift ({where}; top-1 agreement {measured.score:.3f})"
+    need = 1.0 - request.quality_tolerance
+    if measured.score >= need:
+        return None
+    return f"path quality {measured.score:.3f} ({where}) < {need:.3f} required by approximate tier"
+
+
 def path_filter(request: RequestWork, estimate: PathEstimate, config: RouterConfig,
                 measured: PathQuality | None = None) -> str | None:
     """None when the whole path is acceptable, else why not. With a measured (or inferred)
     path quality from canaries, EXACT needs the quality policy's verdict (``exact_ok``) and
     APPROXIMATE needs its score >= 1 - tolerance; without one, the rows' scores decide."""
     if measured is not None:
-        where = "measured" if measured.samples else "inferred from the pools' measured paths"
-        if request.quality_tier is QualityTier.EXACT:
-            if measured.exact_ok:
-                return None
-            return f"path demoted for exact tier by canary drift ({where}; top-1 agreement {measured.score:.3f})"
-        need = 1.0 - request.quality_tolerance
-        if measured.score >= need:
-            return None
-        return f"path quality {measured.score:.3f} ({where}) < {need:.3f} required by approximate tier"
+        return measured_quality_refusal(request, measured)
     need = required_quality(request, config)
     if estimate.quality < need:
         return f"path quality {estimate.quality:.3f} < {need:.3f} required by {request.quality_tier.value} tier"

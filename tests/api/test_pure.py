@@ -131,6 +131,8 @@ def test_a_cancelled_batch_is_cancelled_once_every_line_is_written() -> None:
     track.note(track.latest)
     track.update(_event("CANCELLED", 2_000, done=1, failed=3, lines=1))  # failed at once, lines still to come
     assert batch_status(track, True) == "cancelling"
+    track.update(_event("CANCELLED", 5_000, done=1, failed=2, lines=4))  # the sink ran ahead of the core's count
+    assert batch_status(track, True) == "cancelling"
     track.update(_event("CANCELLED", 7_000, done=1, failed=3, lines=4))  # the core's "output whole" event
     assert batch_status(track, True) == "cancelled"
     assert timestamps(track, "cancelled")["cancelled_at"] == 7

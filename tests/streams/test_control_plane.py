@@ -184,13 +184,31 @@ def test_resubmitted_job_id_is_not_run_twice(model_info) -> None:
     now = time.time()
     cp = plane(model_info, {"colo": "BOTH"}, now)
     first = admit_all(cp, job("j-1", "acme", 3, 600, now), now)
-    second = cp.submit(job("j-1", "acme", 3, 600, now), now + 1)
+    second = cp.submit(job("j-1", "acme", 3, 600, now + 1), now + 1)  # the same id submitted again later
     assert sum(s.topic == "requests.pending" for s in first) == 3
     assert not any(s.topic == "requests.pending" for s in second)
     reason = next(s.record for s in second if s.topic == "jobs.events")["reason"]
     assert reason.startswith("job id already submitted; not run again (it was ADMITTED: estimated completion")
     dispatched = prefill(cp.tick(now + 1))
-    assert len({s.record["request_id"] for s in dispatched}) == 3
+    assert len({s.record["request_id"] for s in dispatched}) == 3 and len(dispatched) == 3
+
+
+def test_a_submission_read_again_after_a_restart_queues_what_its_cut_stream_lost(model_info) -> None:
+    """kill -9 while a big job's requests stream to requests.pending: the submission is read
+    again (its offset was not committed); the requests that never reached the topic are queued
+    then, the ones that did are dropped as replays, and each request runs once."""
+    now = time.time()
+    cp = plane(model_info, {"colo": "BOTH"}, now)
+    record = job("j-cut", "acme", 6, 600, now)
+    pending = [s.record for s in cp.submit(record, now) if s.topic == "requests.pending"]
+    for r in pending[:2]:  # the stream was cut after two requests
+        cp.record("request", r, now)
+    again = [s.record for s in cp.submit(record, now + 1) if s.topic == "requests.pending"]
+    assert [r["request_id"] for r in again] == [r["request_id"] for r in pending]
+    for r in again:
+        cp.record("request", r, now + 1)
+    dispatched = [s.record["request_id"] for s in prefill(cp.tick(now + 2))]
+    assert sorted(dispatched) == sorted(r["request_id"] for r in pending), "each request dispatched exactly once"
 
 
 def test_a_rejected_job_id_may_be_submitted_again(model_info) -> None:
