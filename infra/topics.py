@@ -73,8 +73,15 @@ class TopicSpec:
         """The topic-level configs provisioning sets and checks."""
         cfg = {"cleanup.policy": "compact" if self.compacted else "delete", "retention.ms": str(self.retention_ms)}
         if self.compacted:
-            # small segments so the cleaner actually runs on a quiet local broker
-            cfg.update({"segment.ms": str(600_000), "min.cleanable.dirty.ratio": "0.1"})
+            # The cleaner only compacts closed segments, and keeps a deleted key's tombstone for
+            # delete.retention.ms after that: with Kafka's defaults (a week's segment, a day's
+            # tombstones) the control plane's changelogs grew with every request ever run, and a
+            # restart replayed them all (370k records after one test module, ~45 s). Segments of a
+            # minute and tombstones kept 5 minutes bound a changelog by the live work plus the last
+            # minutes; a reader that needs longer than that to read a changelog from the start
+            # could miss a delete.
+            cfg.update({"segment.ms": str(60_000), "min.cleanable.dirty.ratio": "0.1",
+                        "delete.retention.ms": str(300_000)})
         cfg.update(dict(self.extra_config))
         return cfg
 
