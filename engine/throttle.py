@@ -30,10 +30,12 @@ class SlowdownFile:
                 self._factor = 1.0
         return self._factor
 
-    def stretch(self, started: float) -> None:
+    def stretch(self, started: float) -> float:
+        """Sleep ``(factor - 1)`` times the time since ``started``; the seconds slept."""
         extra = (self.factor() - 1.0) * (time.perf_counter() - started)
         if extra > 0:
             time.sleep(extra)
+        return max(extra, 0.0)
 
 
 class ThrottledSession:
@@ -57,7 +59,9 @@ class ThrottledPrefillJob:
     def advance(self, max_tokens: int | None = None) -> Any:
         started = time.perf_counter()
         results = self._inner.advance(max_tokens)
-        self._slowdown.stretch(started)
+        # the job times its own compute (the worker's telemetry reads it): slower hardware would
+        # have computed for longer, so the sleep counts as compute
+        self._inner.compute_s += self._slowdown.stretch(started)
         return results
 
     def __getattr__(self, name: str) -> Any:
