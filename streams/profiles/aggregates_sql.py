@@ -38,7 +38,7 @@ class Window:
 
     now: float  # seconds since the epoch; the end of the window
     window_s: float = 900.0
-    tau_s: float = 300.0
+    tau_s: float = 60.0  # see BuilderConfig.tau_s
 
     def __post_init__(self) -> None:
         for name in ("now", "window_s", "tau_s"):

@@ -57,8 +57,11 @@ class BuilderConfig:
     """Seconds between builds when run from ``on_tick``."""
     window_s: float = 900.0
     """Telemetry older than this is ignored (seconds)."""
-    tau_s: float = 300.0
-    """Decay constant of the sample weights ``exp(-age / tau_s)`` (seconds)."""
+    tau_s: float = 60.0
+    """Decay constant of the sample weights ``exp(-age / tau_s)`` (seconds). At 300 s, a pool
+    slowed 4x at run time still looked half as fast as before two minutes later (the minute of
+    fast batches before the slowdown kept ~70% of its weight), and its share of new work stayed
+    at 0.40-0.43 (``tests/streams/test_adaptation.py``); at 60 s that minute weighs under 20%."""
     policy: ProfileBuilderConfig = field(default_factory=ProfileBuilderConfig)
     """Passed to the policy's ``build_profile_rows`` / ``build_link_profiles``."""
     publish_profiler: bool = True
