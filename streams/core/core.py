@@ -56,6 +56,7 @@ class ControlCore:
         self.dispatch = Dispatcher(config, random.Random(seed))
         self.quotas = dict(config.quotas)
         self._tenants_saved: dict[str, tuple[float, float]] = {}
+        self._serving: frozenset[tuple[str, frozenset[Phase], frozenset[str]]] = frozenset()
         self._handlers: dict[type, Callable[[Any, float], list[Decision]]] = {
             JobSubmitted: self._submitted, RequestQueued: self._queued, KvReady: self._kv_ready,
             ResultReceived: self._result, AttemptFailed: self._attempt_failed, OutputWritten: self._output_written,
@@ -172,7 +173,16 @@ class ControlCore:
         return out
 
     def _fleet(self, ev: FleetObserved, now: float) -> list[Decision]:
-        self.dispatch.fleet.observe(ev.pools)
+        """The pools as heartbeats say now. When the set of pools that can serve changes (one
+        came alive, went down, or changed what it serves), the router's traffic-share targets
+        are refreshed too: otherwise a pool that appeared after the last profile change had no
+        target until the profiles changed again, and every pick went to the best-scored pool."""
+        d = self.dispatch
+        d.fleet.observe(ev.pools)
+        serving = frozenset((p.name, p.phases, p.models) for p in ev.pools if p.alive)
+        if serving != self._serving:
+            self._serving = serving
+            d.router_state.refresh(d.fleet.states(), d.table, self.config.router, now)
         return []
 
     def _profiles(self, ev: ProfilesUpdated, now: float) -> list[Decision]:

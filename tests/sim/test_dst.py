@@ -72,7 +72,10 @@ def test_a_result_counted_twice_is_caught(monkeypatch: pytest.MonkeyPatch) -> No
     _planted(monkeypatch, Dispatcher, "result", counts_replays)
     with pytest.raises(SeedFailure) as failure:
         run_seed(3, jobs=10)
-    assert failure.value.violation.invariant == "jobs_final"
+    # the double count ends a job before all its requests did: either the end finds its output not
+    # whole, or a later tick step trips over the requests forgotten with it (which one depends on the
+    # seed's trajectory)
+    assert failure.value.violation.invariant in ("jobs_final", "no_problem")
 
 
 def test_exact_work_on_a_demoted_path_is_caught_and_its_log_shrinks(monkeypatch: pytest.MonkeyPatch) -> None:
