@@ -76,7 +76,7 @@ class TopicSpec:
             # The cleaner only compacts closed segments, and keeps a deleted key's tombstone for
             # delete.retention.ms after that: with Kafka's defaults (a week's segment, a day's
             # tombstones) the control plane's changelogs grew with every request ever run, and a
-            # restart replayed them all (370k records after one test module, ~45 s). Segments of a
+            # restart replayed them all (370k records after one test module, at ~5k a second). Segments of a
             # minute and tombstones kept 5 minutes bound a changelog by the live work plus the last
             # minutes; a reader that needs longer than that to read a changelog from the start
             # could miss a delete.

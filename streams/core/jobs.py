@@ -3,8 +3,8 @@
 Life of a job here:
 1. ``submit``: an id seen before is not run twice (its state is said again, with the original
    reason; the same submission read again after a restart queues its requests again, in case
-   their stream was cut short), except a REJECTED id, which is judged again (its earlier rejection stays in the job's
-   event history). Intake errors, a sampling mode the backend lacks, and everything
+   their stream was cut short), except a REJECTED id, which is judged again (its earlier
+   rejection stays in the job's event history). Intake errors, a sampling mode the backend lacks, and everything
    ``policy.admit`` checks (ids, quotas, context, capacity, deadline feasibility against the
    admitted backlog) can reject it, with a reason a user can act on; an admitted job's requests
    become ``QueueRequest`` decisions (for ``requests.pending``) and the job is ADMITTED.
@@ -60,6 +60,16 @@ def changed(job: JobRecord, kind: JobEventKind, reason: str | None = None, earli
     return JobChanged(job.to_record(), kind, reason, earliest, job.submissions - 1 if seq is None else seq)
 
 
+def job_spec(ev: JobSubmitted) -> JobSpec:
+    """What admission judges of a submission (and ``split_job`` splits into requests)."""
+    return JobSpec(
+        job_id=ev.job_id, tenant=ev.tenant, model=ev.model, prompt_tokens=tuple(p.tokens for p in ev.prompts),
+        max_output_tokens=max((p.max_tokens for p in ev.prompts), default=1), deadline=ev.deadline,
+        quality_tier=ev.quality_tier, quality_tolerance=ev.quality_tolerance, priority=ev.priority,
+        custom_ids=tuple(p.custom_id for p in ev.prompts), output_tokens=tuple(p.max_tokens for p in ev.prompts),
+    )
+
+
 def output_whole(job: JobRecord) -> bool:
     """Every request of an admitted job has a result and a durable line."""
     total = job.requests_total
@@ -90,13 +100,7 @@ class JobBook:
                        " submit with temperature 0")
         if problem is not None:
             return self._reject(job, problem, None, now)
-        spec = JobSpec(
-            job_id=ev.job_id, tenant=ev.tenant, model=ev.model, prompt_tokens=tuple(p.tokens for p in ev.prompts),
-            max_output_tokens=max((p.max_tokens for p in ev.prompts), default=1), deadline=ev.deadline,
-            quality_tier=ev.quality_tier, quality_tolerance=ev.quality_tolerance, priority=ev.priority,
-            custom_ids=tuple(p.custom_id for p in ev.prompts), output_tokens=tuple(p.max_tokens for p in ev.prompts),
-        )
-        verdict = admit(spec, self.backlog(), table, pools, self.config.models, quotas, self.config.admission, now)
+        verdict = admit(job_spec(ev), self.backlog(), table, pools, self.config.models, quotas, self.config.admission, now)
         if isinstance(verdict, Rejected):
             return self._reject(job, verdict.reason, verdict.earliest_feasible_deadline, now,
                                 verdict.code is RejectCode.DEADLINE_INFEASIBLE)
@@ -124,12 +128,7 @@ class JobBook:
         if (ev.submitted_at != job.submitted_at or len(ev.prompts) != job.requests_total or output_whole(job)
                 or ev.intake_error is not None):
             return []
-        spec = JobSpec(job_id=job.job_id, tenant=job.tenant, model=job.model, prompt_tokens=tuple(p.tokens for p in ev.prompts),
-                       max_output_tokens=max((p.max_tokens for p in ev.prompts), default=1), deadline=job.deadline,
-                       quality_tier=job.quality_tier, quality_tolerance=ev.quality_tolerance, priority=job.priority,
-                       custom_ids=tuple(p.custom_id for p in ev.prompts),
-                       output_tokens=tuple(p.max_tokens for p in ev.prompts))
-        return self._queue_requests(job, ev, split_job(spec))
+        return self._queue_requests(job, ev, split_job(job_spec(ev)))
 
     def _queue_requests(self, job: JobRecord, ev: JobSubmitted, requests: Sequence[RequestWork]) -> list[Decision]:
         return [QueueRequest(RequestQueued(
