@@ -109,6 +109,14 @@ def spawn(run_dir: Path, name: str, cmd: Sequence[str], log_path: Path, env: dic
     return proc.pid
 
 
+_recorded_as: str | None = None  # the name this process registered itself under
+
+
+def recorded_name() -> str | None:
+    """The name ``register_self`` recorded this process under (None before it did)."""
+    return _recorded_as
+
+
 def register_self(run_dir: Path, default_name: str) -> str:
     """Record this process so ``phaseroute down`` stops it; return the name it is recorded under.
 
@@ -125,6 +133,8 @@ def register_self(run_dir: Path, default_name: str) -> str:
         record = Record(name, me.cmdline(), None, _phaseroute_env(os.environ), given is None)
     _write_records(run_dir, name, me.pid, record)
     atexit.register(unregister_self, run_dir, name)
+    global _recorded_as
+    _recorded_as = name
     return name
 
 

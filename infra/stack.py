@@ -53,9 +53,11 @@ def _quiet(_message: str) -> None:
 
 
 def start(settings: Settings, pools: list[PoolSpec], tenants_file: Path | None = None,
-          drift_interval_s: float | None = 60.0, progress: Progress = _quiet) -> list[str]:
+          drift_interval_s: float | None = 60.0, progress: Progress = _quiet, control_instances: int = 1) -> list[str]:
     """Provision the pools' topics and start services and workers; return the process names.
-    The drift monitor runs canaries on every path every ``drift_interval_s`` (None: no monitor)."""
+    The drift monitor runs canaries on every path every ``drift_interval_s`` (None: no monitor).
+    ``control_instances``: control planes ``control``, ``control-2``, ...: one holds the control
+    lease and runs, the others wait as standbys (``infra/control_lease.py``)."""
     provision.provision(settings.bootstrap_servers, topics.all_topics([p.name for p in pools]))
     record_pools(settings, pools)
     logs = settings.run_dir / "logs"
@@ -77,7 +79,9 @@ def start(settings: Settings, pools: list[PoolSpec], tenants_file: Path | None =
         progress(f"the telemetry service already runs as {holder} (pid {processes.alive_pid(settings.run_dir, holder)})")
         started.append(holder)
     spawn("results", _cli("sink", "results"))
-    spawn("control", _cli("control", *(["--tenants", str(tenants_file)] if tenants_file else [])))
+    for k in range(control_instances):
+        spawn("control" if k == 0 else f"control-{k + 1}",
+              _cli("control", *(["--tenants", str(tenants_file)] if tenants_file else [])))
     spawn("api", _cli("api", "--host", settings.api_host, "--port", str(settings.api_port)))
     if drift_interval_s is not None:
         spawn("drift", [sys.executable, "-m", "phaseroute.cli.drift_cmds", "monitor", "--interval-s", str(drift_interval_s)])

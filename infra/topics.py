@@ -104,6 +104,7 @@ TELEMETRY_DRIFT = "telemetry.drift"
 QUALITY_ALERTS = "quality.alerts"
 DEADLETTER = "deadletter"
 TENANTS = "tenants"
+CONTROL_LEASE = "control.lease"
 
 
 def prefill_topic(pool: str) -> str:
@@ -145,6 +146,9 @@ STATIC_TOPICS: tuple[TopicSpec, ...] = (
               "Paths demoted from, or restored to, EXACT-tier work by the drift monitor.", retention_ms=30 * DAY_MS),
     TopicSpec(TENANTS, 1, "tenant", "tenant name",
               "The tenant registry (compacted): weights, quotas and hashed API keys per tenant.", compacted=True, retention_ms=-1),
+    TopicSpec(CONTROL_LEASE, 1, "none", "none (no records)",
+              "The control plane's lease: the instance its consumer group assigns the one partition to is the "
+              "active control plane, the others are standbys (infra/control_lease.py)."),
     TopicSpec(DEADLETTER, 1, "dead_letter", "source topic",
               "Undecodable or invalid messages, each with its reason.", retention_ms=30 * DAY_MS),
 )
@@ -153,6 +157,7 @@ STATIC_TOPICS: tuple[TopicSpec, ...] = (
 # partitions as the streams that feed them): on a fresh broker, a changelog Faust creates itself
 # may not exist yet when the first table write asks for its partitions.
 CONTROL_APP_ID = "phaseroute-control"
+CONTROL_LEASE_GROUP = "phaseroute-control-lease"
 CONTROL_TABLES = ("jobs", "requests", "tenants", "prompts")
 
 

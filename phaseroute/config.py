@@ -83,6 +83,11 @@ class Settings(BaseSettings):
     )
     query_timeout_s: float = Field(default=20.0, gt=0, description="Longest run of one analyst SQL query (seconds).")
     query_max_memory_bytes: int = Field(default=1 << 30, ge=1 << 20, description="Memory limit of one analyst SQL query (bytes).")
+    control_session_timeout_s: float = Field(
+        default=15.0, ge=6.0, le=300.0,
+        description="Session timeout of the control plane's consumer groups (the lease and the Faust app): how long "
+        "after an active control plane dies a standby takes over (kill -9: this plus its start).",
+    )
     query_concurrency: int = Field(default=2, ge=1, description="Analyst SQL queries served at once; more get 503.")
 
     _external_kafka: bool = PrivateAttr(default=True)

@@ -19,8 +19,10 @@ on (Faust would otherwise ack the event silently, or stop the app from a timer).
 state lives in changelog-backed tables (``jobs``, ``requests``, ``tenants``; ``prompts`` holds
 each request's text once); after a restart the tables are rebuilt from Kafka and ``restore``
 rebuilds the core from them, without blocking the event loop while the profile and pool views
-catch up. One control-plane process owns all partitions (scale-out builds on this shape: jobs
-and requests are keyed so they can be partitioned).
+catch up. One control-plane process owns all partitions: it runs only while it holds the
+control lease (``infra/control_lease.py``, started by ``phaseroute control``), and standby
+instances take over from these same tables when it dies. Admission and tracking are not yet
+partitioned across instances (jobs and requests are keyed so they can be).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from phaseroute.schemas.enums import DeadLetterStage
 from phaseroute.schemas.faust_codec import CODEC_NAME, Undecodable
 from phaseroute.streams.core import ControlCore
 from phaseroute.streams.edge import Send, ms
-from phaseroute.streams.model_catalog import load_model_info
+from phaseroute.streams.model_catalog import ModelInfo, load_model_info
 from phaseroute.streams.settings import core_config
 from phaseroute.streams.shell import ControlShell
 from phaseroute.streams.views import PoolView, ProfileView, TopicFollower
@@ -59,6 +61,8 @@ CATCH_UP_S = 15.0  # how long a (re)start waits for the profile and pool views b
 # Jobs are independent: a few are taken in at once, so a small job is not queued behind the
 # intake of a 50,000-line file (the intakes run in threads; the core is only touched on the loop)
 INTAKE_CONCURRENCY = 4
+SERVED_MODELS = ("smollm2-135m",)  # the models the control plane admits jobs for
+DRAIN_LIMIT_S = 120.0  # longest a commit waits for the table writes of the events it commits
 
 # (topic, Avro kind, agent name): every topic the control plane reads besides jobs.submitted
 _INPUTS = (
@@ -67,6 +71,34 @@ _INPUTS = (
     (topics.RESULTS_WRITTEN, "output_written", "output_written"), (topics.JOBS_COMMANDS, "job_command", "cancel"),
     (topics.CANARY_RESULTS, "result", "canary_result"),
 )
+
+
+def drain_table_writes_before_commits(app: faust.App) -> None:
+    """Make Faust's offset commits wait for every table write of the events they commit.
+
+    Table writes are buffered (``ProducerBuffer``) and a commit flushes the buffer first, but
+    Faust's ``flush`` gives up after 0.1 s without a message sent and the commit goes on: a
+    kill -9 right after it lost the changelog writes of results whose offsets were committed
+    (measured: a standby that took over found 5 of 40 requests still running, their results
+    consumed and never counted, and the job never completed). Here ``flush`` returns only once
+    the buffer is empty, so a committed event's state changes are in the changelogs."""
+    buffer = app.producer.buffer
+
+    async def flush_all() -> None:
+        waited = 0.0
+        while buffer.size and buffer.state == "running":
+            buffer.message_sent.clear()
+            try:
+                await asyncio.wait_for(buffer.message_sent.wait(), timeout=1.0)
+            except TimeoutError:
+                waited += 1.0
+                if waited >= DRAIN_LIMIT_S:  # the producer is stuck: Faust's own handling takes over
+                    log.error("%d table writes not sent after %.0f s; committing anyway", buffer.size, waited)
+                    return
+                if waited % 10 == 0:
+                    log.warning("commit waits for %d table writes to be sent (%.0f s so far)", buffer.size, waited)
+
+    buffer.flush = flush_all  # type: ignore[method-assign]
 
 
 @dataclass
@@ -79,19 +111,29 @@ class TableStore:
     enabled: bool = True
 
 
-def build_app(settings: Settings, tenants_file: Path | None = None, models: tuple[str, ...] = ("smollm2-135m",),
-              tenant_records: Iterable[Mapping[str, Any]] = (), **overrides: Any) -> tuple[faust.App, dict[str, Any]]:
+def build_app(settings: Settings, tenants_file: Path | None = None, models: tuple[str, ...] = SERVED_MODELS,
+              tenant_records: Iterable[Mapping[str, Any]] = (), infos: Mapping[str, ModelInfo] | None = None,
+              **overrides: Any) -> tuple[faust.App, dict[str, Any]]:
     """The Faust app and a handle dict (``shell``, ``core``, views) for the caller to inspect.
-    Tenants come from the registry's records (and a YAML file of them); ``overrides`` are
-    ``CoreConfig`` fields (tests shorten timeouts with them)."""
-    infos = {m: load_model_info(m, settings.model_cache) for m in models}
+    Tenants come from the registry's records (and a YAML file of them); ``infos``: the models'
+    catalogue entries when the caller loaded them already (a standby does, before it waits);
+    ``overrides`` are ``CoreConfig`` fields (tests shorten timeouts with them)."""
+    if infos is None:
+        infos = {m: load_model_info(m, settings.model_cache) for m in models}
+    infos = dict(infos)
     config = core_config(infos, tenants_file, tenant_records, **overrides)
     app = faust.App(
         APP_ID, broker=f"kafka://{settings.bootstrap_servers}", broker_credentials=faust_credentials(settings.kafka_client_config), store="memory://",
         web_enabled=False,
         topic_partitions=CONTROL_PARTITIONS, topic_replication_factor=1, consumer_auto_offset_reset="earliest",
         datadir=str(settings.home / "faust"),
+        # a standby takes over once the dead instance's session expired (infra/control_lease.py):
+        # its Faust consumer gets the partitions when the dead one's Faust session expired too
+        broker_session_timeout=settings.control_session_timeout_s,
+        broker_heartbeat_interval=min(3.0, settings.control_session_timeout_s / 5),
     )
+
+    drain_table_writes_before_commits(app)
 
     def topic(name: str, kind: str) -> faust.TopicT:
         return app.topic(name, key_serializer="raw", value_serializer=f"{CODEC_NAME}.{kind}")

@@ -212,26 +212,6 @@ def cancel(job_id: str = typer.Argument(...), api_key: str = typer.Option(None, 
     console.print(f"cancel sent for {job_id} (it was {event['state']})", highlight=False)
 
 
-def control(tenants: Path = typer.Option(None, "--tenants", help="Deprecated YAML {tenant: {weight, ...}}: prefer "
-                                         "`phaseroute tenants import FILE`.")) -> None:
-    """Run the control plane (Faust: admission, fair scheduler, router, tracker) until SIGTERM.
-    Tenant weights and quotas come from the tenant registry (read at start)."""
-    import logging
-
-    import faust
-
-    from phaseroute.api.kafka_io import BrokerUnavailable
-    from phaseroute.api.registry import read_tenants
-    from phaseroute.streams.app import build_app
-
-    settings = current_settings()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    with errors_as_messages(BrokerUnavailable, ValueError):
-        records = list(read_tenants(settings.bootstrap_servers).values())
-    app, _handle = build_app(settings, tenants, tenant_records=records)
-    faust.Worker(app, loglevel="info", redirect_stdouts=False).execute_from_commandline()
-
-
 def demo(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (progress stays on stderr)."),
     scale: float = typer.Option(1.0, "--scale", help="Multiply the number of requests per job."),

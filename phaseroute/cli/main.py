@@ -9,6 +9,7 @@ from phaseroute.cli import (
     bench_pipeline,
     bench_sink,
     common,
+    control_cmd,
     drift_cmds,
     engine_cmds,
     jobs_cmds,
@@ -42,7 +43,7 @@ app.command("sink")(worker_cmds.sink)
 app.command("query")(query_cmd.query)
 app.command("pools")(pools_cmd.pools)
 # the control plane records itself in the run dir like every long-running command (`down` stops it)
-app.command("control")(common.long_running(lambda _kw: "control")(jobs_cmds.control))
+app.command("control")(common.long_running(lambda _kw: "control")(control_cmd.control))
 app.command("submit")(jobs_cmds.submit)
 app.command("status")(jobs_cmds.status)
 app.command("results")(jobs_cmds.results)

@@ -30,6 +30,7 @@ import typer
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from phaseroute.cli import control_status
 from phaseroute.cli.common import console, current_settings, errors_as_messages, json_stdout, print_table
 from phaseroute.infra.kafka_security import with_cluster_config
 from phaseroute.infra.topics import POOL_NAME
@@ -213,6 +214,16 @@ def rows_to_show(workers: Mapping[str, Mapping[str, Any]], recorded: Sequence[An
     return rows
 
 
+def _control(bootstrap: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    admin = AdminClient(with_cluster_config({"bootstrap.servers": bootstrap, "log_level": 4}))
+    consumer = Consumer(with_cluster_config({"bootstrap.servers": bootstrap, "log_level": 4,
+                                             "group.id": f"phaseroute.control-report.{os.getpid()}"}))
+    try:
+        return control_status.control_report(admin, consumer, bootstrap, timeout_s)
+    finally:
+        consumer.close()
+
+
 def pools(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     only: list[str] = typer.Option([], "--pool", help="Only this pool (repeatable)."),
@@ -222,7 +233,8 @@ def pools(
     telemetry_topic: str = typer.Option(TELEMETRY_TOPIC, "--telemetry-topic", hidden=True),
 ) -> None:
     """The pools that run now, per phase: workers alive (heartbeats), consumer lag (committed offsets
-    vs watermarks), tokens/s; `--all` adds the history."""
+    vs watermarks), tokens/s; `--all` adds the history. First, the control-plane instances: which
+    one is active (holds the control lease), its partitions and lag, and the standbys."""
     from phaseroute.infra import processes, stack
 
     cfg = current_settings()
@@ -230,9 +242,11 @@ def pools(
     with errors_as_messages(KafkaException), json_stdout(as_json, indent=2) as emit:
         reports = collect(Sources(cfg.bootstrap_servers, heartbeat_topic, telemetry_topic), now, window_s, only or None,
                           history=show_all, recorded=stack.recorded_pools(cfg.run_dir), running=processes.running(cfg.run_dir))
+        control = _control(cfg.bootstrap_servers)
         if as_json:
-            emit({"at": now, "window_s": window_s, "pools": reports})
+            emit({"at": now, "window_s": window_s, "pools": reports, "control": control})
             return
+    console.print(control_status.describe(control), highlight=False, markup=False)
     if not reports:
         console.print("no pool runs now" + ("" if show_all else " (`--all` also shows the pools of earlier stacks)"))
         return

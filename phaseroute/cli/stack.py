@@ -27,6 +27,9 @@ def up(
     wait: bool = typer.Option(True, "--wait/--no-wait",
         help="Return only once every pool has a live worker and a profile (the first job is admitted)."),
     wait_s: float = typer.Option(600.0, "--wait-s", min=1.0, help="Longest wait for the pools to be ready."),
+    control: int = typer.Option(1, "--control", min=1, max=8,
+        help="Control-plane instances: one is active (it holds the control lease), the others are standbys "
+             "that take over when it dies."),
 ) -> None:
     """Start Kafka (unless --bootstrap-servers names a cluster), provision topics; with --pools also the
     telemetry service, result sink, control plane, drift monitor and each pool's workers."""
@@ -47,7 +50,7 @@ def up(
             return
         if profile:
             cold_start.profile_new_pools(cfg, specs, say)
-        names = stack.start(cfg, specs, tenants, progress=say)
+        names = stack.start(cfg, specs, tenants, progress=say, control_instances=control)
         if wait:
             stack.wait_until_ready(cfg, specs, names, wait_s, progress=say)
             say(f"ready: {len(specs)} pool(s) alive and profiled; logs in {cfg.run_dir / 'logs'}; "

@@ -1,0 +1,71 @@
+"""``phaseroute control``: one control-plane instance, active or standby.
+
+Life of an instance: it joins the control lease (``infra/control_lease.py``) and waits as a
+standby while another instance holds it; once it holds the lease it reads the tenant registry,
+builds the Faust app (``streams/app.py``: admission, fair scheduler, router, tracker) and runs
+it until SIGTERM, then leaves the lease so a standby takes over at once. Should it lose the
+lease while it runs (cut off from the brokers past its session timeout), it stops dispatching
+at once and starts again as a standby: another instance may hold the lease by then.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+from phaseroute.cli.common import current_settings, errors_as_messages
+
+log = logging.getLogger("phaseroute.control")
+
+
+def _start_again_as_standby(reason: str) -> None:
+    """Fencing: the process image is replaced at once (no Faust shutdown that could still send)."""
+    from phaseroute.infra import processes
+
+    log.error("%s: stopping now and starting again as a standby", reason)
+    name = processes.recorded_name()
+    if name:  # the new image keeps this process's record in the run dir
+        os.environ[processes.NAME_ENV] = name
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+
+def control(tenants: Path = typer.Option(None, "--tenants", help="Deprecated YAML {tenant: {weight, ...}}: prefer "
+                                         "`phaseroute tenants import FILE`.")) -> None:
+    """Run one control-plane instance until SIGTERM: active while it holds the control lease
+    (admission, fair scheduler, router, tracker), a standby while another instance does.
+    Start several (`phaseroute up --control N`) for fail-over."""
+    import faust
+    from confluent_kafka import KafkaException
+
+    from phaseroute.api.kafka_io import BrokerUnavailable
+    from phaseroute.api.registry import read_tenants
+    from phaseroute.infra import processes, provision, topics
+    from phaseroute.infra.control_lease import ControlLease
+    from phaseroute.streams.app import SERVED_MODELS, build_app
+    from phaseroute.streams.model_catalog import load_model_info
+
+    settings = current_settings()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    name = processes.recorded_name() or f"control-{os.getpid()}"
+    # what takes seconds (the tokenizers) is done before the wait: a standby takes over warm
+    infos = {m: load_model_info(m, settings.model_cache) for m in SERVED_MODELS}
+    with errors_as_messages(BrokerUnavailable, ValueError, KafkaException):
+        provision.provision(settings.bootstrap_servers, [topics.spec_for(topics.CONTROL_LEASE)])
+    lease = ControlLease(settings.bootstrap_servers, name, settings.control_session_timeout_s,
+                         on_lost=_start_again_as_standby, cluster=settings.kafka_client_config)
+    try:
+        log.info("%s: waiting for the control lease (a standby while another instance holds it)", name)
+        waited = lease.wait_until_held(log.info)
+        log.info("%s: holds the control lease after %.1f s: active", name, waited)
+        with errors_as_messages(BrokerUnavailable, ValueError):
+            records = list(read_tenants(settings.bootstrap_servers).values())
+        app, _handle = build_app(settings, tenants, tenant_records=records, infos=infos)
+        faust.Worker(app, loglevel="info", redirect_stdouts=False).execute_from_commandline()
+    finally:
+        lease.close()

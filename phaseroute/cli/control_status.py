@@ -1,0 +1,60 @@
+"""What ``phaseroute pools`` says about the control plane, from the broker alone.
+
+* instances: the members of the control lease group (``infra/control_lease.py``); the one
+  holding the lease is ``active``, the rest are ``standby``;
+* partitions: what the active instance's Faust consumer (group ``phaseroute-control``) is
+  assigned, per topic (one active instance owns every partition of the control topics);
+* lag: the control inputs the Faust group has not committed yet (broker watermarks).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient
+
+from phaseroute.infra import topics
+from phaseroute.infra.control_lease import lease_members
+
+# what the control plane consumes (its Faust agents' topics)
+CONTROL_INPUTS = (topics.JOBS_SUBMITTED, topics.REQUESTS_PENDING, topics.KV_READY, topics.RESULTS,
+                  topics.ATTEMPTS_FAILED, topics.RESULTS_WRITTEN, topics.JOBS_COMMANDS, topics.CANARY_RESULTS)
+
+
+def control_report(admin: AdminClient, consumer: Consumer, bootstrap: str, timeout_s: float) -> dict[str, Any]:
+    """{"active", "instances": [{"instance", "host", "role"}], "partitions": {topic: [..]}, "lag", "lag_by_topic"}."""
+    from phaseroute.cli.pools_cmd import group_lag
+
+    members = lease_members(bootstrap, timeout_s)
+    active = next((m.client_id for m in members if m.active), None)
+    group = admin.describe_consumer_groups([topics.CONTROL_APP_ID])[topics.CONTROL_APP_ID].result(timeout=timeout_s)
+    partitions: dict[str, list[int]] = defaultdict(list)
+    for m in group.members:
+        for tp in (m.assignment.topic_partitions if m.assignment else []):
+            partitions[tp.topic].append(tp.partition)
+    existing = set(admin.list_topics(timeout=timeout_s).topics)
+    lag = group_lag(admin, consumer, topics.CONTROL_APP_ID, [t for t in CONTROL_INPUTS if t in existing], timeout_s)
+    return {
+        "active": active,
+        "instances": [{"instance": m.client_id, "host": m.host, "role": "active" if m.active else "standby"}
+                      for m in members],
+        "partitions": {t: sorted(p) for t, p in sorted(partitions.items())},
+        "lag": sum(lag.values()), "lag_by_topic": lag,
+    }
+
+
+def describe(report: dict[str, Any]) -> str:
+    """One line per instance for the terminal."""
+    if not report["instances"]:
+        return "control plane: no instance runs (`phaseroute control` starts one)"
+    owned = sum(len(p) for p in report["partitions"].values())
+    lines = []
+    for inst in report["instances"]:
+        if inst["role"] == "active":
+            lines.append(f"control plane: {inst['instance']} active, {owned} partitions of "
+                         f"{len(report['partitions'])} topics, lag {report['lag']}")
+        else:
+            lines.append(f"control plane: {inst['instance']} standby")
+    return "\n".join(lines)
