@@ -53,6 +53,7 @@ from phaseroute.streams.edge import Send, ms
 from phaseroute.streams.model_catalog import ModelInfo, load_model_info
 from phaseroute.streams.settings import core_config
 from phaseroute.streams.shell import ControlShell
+from phaseroute.streams.tick_stats import TickStats
 from phaseroute.streams.views import PoolView, ProfileView, TopicFollower
 
 log = logging.getLogger(__name__)
@@ -227,6 +228,8 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
         await send_all(sends)
         handle["ready"] = True
 
+    ticks = TickStats()
+
     @app.timer(interval=config.tick_s)
     async def dispatch() -> None:
         try:
@@ -238,7 +241,11 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
                     finally:
                         handle["restoring"] = handle["ready"]  # a failed restore is tried again next tick
                 return
-            await send_all(shell.tick(time.time()))
+            started = time.perf_counter()
+            sends = shell.tick(time.time())
+            elapsed = time.perf_counter() - started
+            ticks.add(time.time(), elapsed, core.dispatch.fair.queued_requests())
+            await send_all(sends)
         except Exception:  # a failing tick must not stop the app: the next one runs
             log.exception("control/dispatch tick failed")
 

@@ -6,6 +6,7 @@ import typer
 
 from phaseroute.cli import (
     api_cmds,
+    bench_control,
     bench_pipeline,
     bench_sink,
     common,
@@ -55,6 +56,7 @@ app.command("profile")(engine_cmds.profile)
 engine_cmds.bench_app.command("admission")(api_cmds.bench_admission)
 engine_cmds.bench_app.command("pipeline")(bench_pipeline.bench_pipeline)
 engine_cmds.bench_app.command("sink")(bench_sink.bench_sink)
+engine_cmds.bench_app.command("control")(bench_control.bench_control)
 app.add_typer(engine_cmds.bench_app, name="bench")
 app.add_typer(sim_cmds.sim_app, name="sim")
 app.add_typer(sim_cmds.plan_app, name="plan")

@@ -301,6 +301,10 @@ class FairScheduler:
     def counters(self) -> dict[str, float]:
         return {t: s.counter for t, s in sorted(self._tenants.items())}
 
+    def queued_requests(self) -> int:
+        """Requests waiting in every tenant's queue (O(tenants))."""
+        return sum(len(s.queue) for s in self._tenants.values())
+
     def report(self) -> tuple[TenantReport, ...]:
         return tuple(
             TenantReport(

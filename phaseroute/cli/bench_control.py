@@ -1,0 +1,150 @@
+"""``phaseroute bench control``: what the control plane alone sustains, end to end.
+
+On the running broker (``phaseroute up``, with no control plane of its own running) it starts
+one real control plane and the real result sink as processes, announces a FAKE fleet of
+instant workers (``consumers/instant_fleet.py``: no model runs, every work record is answered
+at once with a one-token result), then submits ``--jobs`` jobs of ``--requests`` requests each,
+one tenant per job, all at once. It measures:
+- each job's admission (submitted -> ADMITTED in ``jobs.state``: intake, tokenizing, admission,
+  every request streamed to ``requests.pending``) and completion (-> COMPLETED, output whole);
+- requests per second end to end (every request of every job, first submit -> last COMPLETED)
+  and dispatched (work records the fake fleet answered, first -> last);
+- the dispatch ticks' cost as the control plane logs it every 10 s (``streams/tick_stats.py``),
+  with the most requests queued in each window.
+Everything it started is stopped at the end. The figures are printed, never judged: the
+issue's goal (>= 1,000 requests/s, a flat tick cost) is compared in the note.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from phaseroute.cli.common import console, current_settings, fail, json_stdout
+from phaseroute.config import Settings
+
+CLI = [sys.executable, "-m", "phaseroute.cli.main"]
+FINAL = ("COMPLETED", "FAILED", "REJECTED", "CANCELLED", "EXPIRED")
+
+
+def _input(path: Path, n: int, tag: str) -> Path:
+    with path.open("w") as fh:
+        for i in range(n):
+            fh.write(json.dumps({"custom_id": f"{tag}{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
+                "model": "smollm2-135m", "max_tokens": 1,
+                "messages": [{"role": "user", "content": f"Request {i}: one fact about {i}."}]}}) + "\n")
+    return path
+
+
+def _wait_for_line(log: Path, needle: str, procs: dict[str, subprocess.Popen], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        dead = {n: p.returncode for n, p in procs.items() if p.poll() is not None}
+        if dead:
+            raise RuntimeError(f"processes exited: {dead}; logs in {log.parent}")
+        if log.exists() and needle in log.read_text(errors="replace"):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"{needle!r} not in {log} after {timeout_s:.0f} s")
+
+
+def run(settings: Settings, jobs: int, requests: int, pools: int, timeout_s: float) -> dict[str, Any]:
+    from phaseroute.cli.jobs_operator import job_record, latest_job_states, publish
+    from phaseroute.consumers.instant_fleet import InstantFleet
+    from phaseroute.infra.control_lease import lease_members
+    from phaseroute.streams.tick_stats import LINE
+
+    bootstrap = settings.bootstrap_servers
+    running = lease_members(bootstrap)
+    if running:
+        raise RuntimeError(f"a control plane runs ({', '.join(m.client_id for m in running)}): the bench starts its "
+                           "own; stop it first (`phaseroute down`, then `phaseroute up` without --pools)")
+    work = Path(tempfile.mkdtemp(prefix="bench-control-"))
+    procs: dict[str, subprocess.Popen] = {}
+    for name, args in (("control", ("control",)), ("results", ("sink", "results"))):
+        with open(work / f"{name}.log", "ab") as log:
+            procs[name] = subprocess.Popen([*CLI, *args], stdout=log, stderr=subprocess.STDOUT)
+    fleet = InstantFleet(bootstrap, pools)
+    fleet.start()
+    try:
+        _wait_for_line(work / "control.log", "control plane restored", procs, 180)
+        time.sleep(3.0)  # the pool view has the fake pools' heartbeats
+        run_id = uuid.uuid4().hex[:6]
+        submitted: dict[str, float] = {}
+        for k in range(jobs):
+            job_id, tenant = f"bench-{run_id}-{k}", f"bench-tenant-{k}"
+            record = job_record(_input(work / f"{job_id}.jsonl", requests, f"r{k}-"), tenant, 1, time.time() + 7200,
+                                job_id, "exact", "smollm2-135m", 1, None, settings.blob_store)
+            publish(bootstrap, "jobs.submitted", job_id, "job_submitted", record)
+            submitted[job_id] = time.time()
+        admitted: dict[str, float] = {}
+        finished: dict[str, tuple[float, str]] = {}
+        deadline = time.time() + timeout_s
+        while len(finished) < jobs and time.time() < deadline:
+            dead = {n: p.returncode for n, p in procs.items() if p.poll() is not None}
+            if dead:
+                raise RuntimeError(f"processes exited: {dead}; logs in {work}")
+            states = latest_job_states(bootstrap, idle_s=0.2)
+            now = time.time()
+            for job_id in submitted:
+                state = states.get(job_id, {}).get("state")
+                if state not in (None, "SUBMITTED") and job_id not in admitted:
+                    admitted[job_id] = now
+                if state in FINAL and job_id not in finished:
+                    finished[job_id] = (now, state)
+            time.sleep(0.5)
+        first, last = min(submitted.values()), max((t for t, _ in finished.values()), default=time.time())
+        total = jobs * requests
+        dispatch_s = (fleet.last_work_at or 0.0) - (fleet.first_work_at or 0.0)
+        ticks = [m.groupdict() for m in LINE.finditer((work / "control.log").read_text(errors="replace"))]
+        return {
+            "fleet": f"FAKE: {pools} instant colocated pools (no model runs)", "jobs": jobs, "requests_per_job": requests,
+            "all_finished": len(finished) == jobs, "states": {j: s for j, (_, s) in finished.items()},
+            "admission_s": {j: round(admitted[j] - submitted[j], 1) for j in admitted},
+            "completion_s": {j: round(t - submitted[j], 1) for j, (t, _) in finished.items()},
+            "end_to_end_s": round(last - first, 1),
+            "requests_per_s_end_to_end": round(total / max(last - first, 1e-9), 1) if len(finished) == jobs else None,
+            "dispatched": fleet.answered,
+            "requests_per_s_dispatched": round(fleet.answered / dispatch_s, 1) if dispatch_s > 0 else None,
+            "tick_windows": [{k: float(v) for k, v in t.items()} for t in ticks],
+            "logs": str(work),
+        }
+    finally:
+        fleet.stop()
+        for proc in procs.values():
+            proc.terminate()
+        for proc in procs.values():
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def bench_control(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+    jobs: int = typer.Option(2, "--jobs", min=1, help="Jobs submitted at once, one tenant each."),
+    requests: int = typer.Option(50_000, "--requests", min=1, help="Requests per job."),
+    pools: int = typer.Option(4, "--pools", min=1, help="Fake instant pools."),
+    timeout_s: float = typer.Option(1800.0, "--timeout-s", help="Give up on the jobs after this long."),
+) -> None:
+    """The control plane alone on a FAKE fleet of instant workers: admission, requests/s end to
+    end and dispatched, tick cost with the queue full. Needs `phaseroute up` and no control plane."""
+    settings = current_settings()
+    with json_stdout(as_json, indent=1) as emit:
+        try:
+            report = run(settings, jobs, requests, pools, timeout_s)
+        except (RuntimeError, TimeoutError) as exc:
+            fail(str(exc))
+        if as_json:
+            emit(report)
+            return
+    for key, value in report.items():
+        console.print(f"{key:>28}: {value}", highlight=False)
