@@ -18,7 +18,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer
 
-from phaseroute.infra.topics import HEARTBEAT_TOPIC, PROFILES_TOPIC, RESULTS_TOPIC, prefill_topic
+from phaseroute.infra.provision import provision
+from phaseroute.infra.topics import HEARTBEAT_TOPIC, PROFILES_TOPIC, RESULTS_TOPIC, pool_topics, prefill_topic
 from phaseroute.schemas import serde
 from phaseroute.streams.policy import CurvePoint, Phase, ProfileRow, ProfileSource
 from phaseroute.streams.profiles.convert import row_to_avro
@@ -47,6 +48,7 @@ class InstantFleet:
                          threading.Thread(target=self._answer, daemon=True, name="fake-fleet-answer")]
 
     def start(self) -> None:
+        provision(self.bootstrap, [spec for pool in self.pools for spec in pool_topics(pool)])
         self._publish_profiles(time.time())
         for t in self._threads:
             t.start()
