@@ -59,6 +59,8 @@ CASES: dict[str, Case] = {
     "status": Case(("status", "JOB", "--json"), elsewhere="tests/infra/test_stack_up.py::test_status_json_is_one_document"),
     "bench sink": Case(("bench", "sink", "--json"), elsewhere="tests/infra/test_bench_pipeline_cli.py (3 s on a real broker)"),
     "bench pipeline": Case(("bench", "pipeline", "--json"), elsewhere="a benchmark: it starts its own stacks (docs/throughput.md)"),
+    "bench control": Case(("bench", "control", "--json"),
+                          elsewhere="a benchmark: it starts its own control plane and sink on a fake fleet (minutes)"),
     "demo": Case(("demo", "--json"), elsewhere=".ci/run: the main job runs with --json and .ci/check_demo.py parses it"),
 }
 # commands whose output is always one JSON document (no flag)
