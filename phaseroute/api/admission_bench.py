@@ -68,12 +68,12 @@ class _Peaks:
         self._thread.join(5)
 
 
-def _start(procs: dict[str, subprocess.Popen], logs: Path, name: str, *args: str) -> None:
+def start_process(procs: dict[str, subprocess.Popen], logs: Path, name: str, *args: str) -> None:
     log = open(logs / f"{name}.log", "ab")
     procs[name] = subprocess.Popen([*CLI, *args], stdout=log, stderr=subprocess.STDOUT)
 
 
-def _stop_all(procs: dict[str, subprocess.Popen]) -> None:
+def stop_processes(procs: dict[str, subprocess.Popen]) -> None:
     for proc in procs.values():
         if proc.poll() is None:
             proc.terminate()
@@ -122,7 +122,7 @@ def run_bench(settings: Settings, lines: int = 50_000, profile: bool = True, tim
         for name, args in (("telemetry", ("sink", "telemetry")), ("results", ("sink", "results")), ("control", ("control",)),
                            ("worker", ("worker", "--pool", POOL, "--phase", "both", "--threads", "1")),
                            ("api", ("api", "--port", str(settings.api_port)))):
-            _start(procs, logs, name, *args)
+            start_process(procs, logs, name, *args)
         suffix = os.urandom(3).hex()
         big_key, small_key = _tenant(f"bench-big-{suffix}"), _tenant(f"bench-small-{suffix}")
         base = settings.api_base_url
@@ -165,7 +165,7 @@ def run_bench(settings: Settings, lines: int = 50_000, profile: bool = True, tim
                     _wait_status(client, batch_id, FINAL, 120)
             except Exception as exc:
                 print(f"could not cancel {batch_id}: {exc}; cancel it with `phaseroute cancel`", file=sys.stderr)
-        _stop_all(procs)
+        stop_processes(procs)
 
 
 def run_intake_only(settings: Settings, lines: int = 50_000) -> dict[str, Any]:
@@ -215,7 +215,7 @@ def _wait_api(base: str, key: str, procs: dict[str, subprocess.Popen], logs: Pat
         dead = [n for n, p in procs.items() if p.poll() is not None]
         if "control" in dead:  # the first start on fresh changelog topics can crash: once more
             procs.pop("control")
-            _start(procs, logs, "control", "control")
+            start_process(procs, logs, "control", "control")
         try:
             if httpx.get(base + "/batches", headers={"Authorization": f"Bearer {key}"}, timeout=2).status_code == 200:
                 return

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -31,7 +30,6 @@ import typer
 from phaseroute.cli.common import console, current_settings, fail, json_stdout
 from phaseroute.config import Settings
 
-CLI = [sys.executable, "-m", "phaseroute.cli.main"]
 FINAL = ("COMPLETED", "FAILED", "REJECTED", "CANCELLED", "EXPIRED")
 
 
@@ -57,6 +55,7 @@ def _wait_for_line(log: Path, needle: str, procs: dict[str, subprocess.Popen], t
 
 
 def run(settings: Settings, jobs: int, requests: int, pools: int, timeout_s: float) -> dict[str, Any]:
+    from phaseroute.api.admission_bench import start_process, stop_processes
     from phaseroute.cli.jobs_operator import job_record, latest_job_states, publish
     from phaseroute.consumers.instant_fleet import InstantFleet
     from phaseroute.infra.control_lease import lease_members
@@ -69,9 +68,8 @@ def run(settings: Settings, jobs: int, requests: int, pools: int, timeout_s: flo
                            "own; stop it first (`phaseroute down`, then `phaseroute up` without --pools)")
     work = Path(tempfile.mkdtemp(prefix="bench-control-"))
     procs: dict[str, subprocess.Popen] = {}
-    for name, args in (("control", ("control",)), ("results", ("sink", "results"))):
-        with open(work / f"{name}.log", "ab") as log:
-            procs[name] = subprocess.Popen([*CLI, *args], stdout=log, stderr=subprocess.STDOUT)
+    start_process(procs, work, "control", "control")
+    start_process(procs, work, "results", "sink", "results")
     fleet = InstantFleet(bootstrap, pools)
     fleet.start()
     try:
@@ -119,13 +117,7 @@ def run(settings: Settings, jobs: int, requests: int, pools: int, timeout_s: flo
         }
     finally:
         fleet.stop()
-        for proc in procs.values():
-            proc.terminate()
-        for proc in procs.values():
-            try:
-                proc.wait(90)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(procs)
 
 
 def bench_control(
