@@ -50,6 +50,7 @@ from phaseroute.schemas.enums import DeadLetterStage
 from phaseroute.schemas.faust_codec import CODEC_NAME, Undecodable
 from phaseroute.streams.core import ControlCore
 from phaseroute.streams.edge import Send, ms
+from phaseroute.streams.faust_fixes import drain_table_writes_before_commits, read_uncommitted_partitions_from_the_start
 from phaseroute.streams.model_catalog import ModelInfo, load_model_info
 from phaseroute.streams.settings import core_config
 from phaseroute.streams.shell import ControlShell
@@ -63,7 +64,6 @@ CATCH_UP_S = 15.0  # how long a (re)start waits for the profile and pool views b
 # intake of a 50,000-line file (the intakes run in threads; the core is only touched on the loop)
 INTAKE_CONCURRENCY = 4
 SERVED_MODELS = ("smollm2-135m",)  # the models the control plane admits jobs for
-DRAIN_LIMIT_S = 120.0  # longest a commit waits for the table writes of the events it commits
 
 # (topic, Avro kind, agent name): every topic the control plane reads besides jobs.submitted
 _INPUTS = (
@@ -72,34 +72,6 @@ _INPUTS = (
     (topics.RESULTS_WRITTEN, "output_written", "output_written"), (topics.JOBS_COMMANDS, "job_command", "cancel"),
     (topics.CANARY_RESULTS, "result", "canary_result"),
 )
-
-
-def drain_table_writes_before_commits(app: faust.App) -> None:
-    """Make Faust's offset commits wait for every table write of the events they commit.
-
-    Table writes are buffered (``ProducerBuffer``) and a commit flushes the buffer first, but
-    Faust's ``flush`` gives up after 0.1 s without a message sent and the commit goes on: a
-    kill -9 right after it lost the changelog writes of results whose offsets were committed
-    (measured: a standby that took over found 5 of 40 requests still running, their results
-    consumed and never counted, and the job never completed). Here ``flush`` returns only once
-    the buffer is empty, so a committed event's state changes are in the changelogs."""
-    buffer = app.producer.buffer
-
-    async def flush_all() -> None:
-        waited = 0.0
-        while buffer.size and buffer.state == "running":
-            buffer.message_sent.clear()
-            try:
-                await asyncio.wait_for(buffer.message_sent.wait(), timeout=1.0)
-            except TimeoutError:
-                waited += 1.0
-                if waited >= DRAIN_LIMIT_S:  # the producer is stuck: Faust's own handling takes over
-                    log.error("%d table writes not sent after %.0f s; committing anyway", buffer.size, waited)
-                    return
-                if waited % 10 == 0:
-                    log.warning("commit waits for %d table writes to be sent (%.0f s so far)", buffer.size, waited)
-
-    buffer.flush = flush_all  # type: ignore[method-assign]
 
 
 @dataclass
@@ -132,9 +104,11 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
         # its Faust consumer gets the partitions when the dead one's Faust session expired too
         broker_session_timeout=settings.control_session_timeout_s,
         broker_heartbeat_interval=min(3.0, settings.control_session_timeout_s / 5),
+        broker_request_timeout=max(90.0, settings.control_session_timeout_s + 30.0),  # Faust: >= the session
     )
 
     drain_table_writes_before_commits(app)
+    read_uncommitted_partitions_from_the_start(app)
 
     def topic(name: str, kind: str) -> faust.TopicT:
         return app.topic(name, key_serializer="raw", value_serializer=f"{CODEC_NAME}.{kind}")
