@@ -37,6 +37,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from phaseroute.infra.group_admin import describe_group
 from phaseroute.infra.kafka_security import with_cluster_config
 from phaseroute.infra.topics import CONTROL_LEASE, CONTROL_LEASE_GROUP
 
@@ -133,8 +134,9 @@ def lease_members(bootstrap: str, timeout_s: float = 10.0, group: str = CONTROL_
                   topic: str = CONTROL_LEASE) -> list[LeaseMember]:
     """Every instance in the lease group, the active one first; [] when none runs."""
     admin = AdminClient(with_cluster_config({"bootstrap.servers": bootstrap, "log_level": 4}))
-    described = admin.describe_consumer_groups([group])[group].result(timeout=timeout_s)
+    described = describe_group(admin, group, timeout_s)
     members = [LeaseMember(m.client_id, m.host.strip("/"), any(
         tp.topic == topic and tp.partition == 0 for tp in (m.assignment.topic_partitions if m.assignment else [])))
                for m in described.members]
     return sorted(members, key=lambda m: (not m.active, m.client_id))
+

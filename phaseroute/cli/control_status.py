@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient
 
 from phaseroute.infra import topics
 from phaseroute.infra.control_lease import lease_members
+from phaseroute.infra.group_admin import describe_group
 
 # what the control plane consumes (its Faust agents' topics)
 CONTROL_INPUTS = (topics.JOBS_SUBMITTED, topics.REQUESTS_PENDING, topics.KV_READY, topics.RESULTS,
@@ -29,7 +30,7 @@ def control_report(admin: AdminClient, consumer: Consumer, bootstrap: str, timeo
 
     members = lease_members(bootstrap, timeout_s)
     active = next((m.client_id for m in members if m.active), None)
-    group = admin.describe_consumer_groups([topics.CONTROL_APP_ID])[topics.CONTROL_APP_ID].result(timeout=timeout_s)
+    group = describe_group(admin, topics.CONTROL_APP_ID, timeout_s)
     partitions: dict[str, list[int]] = defaultdict(list)
     for m in group.members:
         for tp in (m.assignment.topic_partitions if m.assignment else []):

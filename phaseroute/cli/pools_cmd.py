@@ -32,6 +32,7 @@ from confluent_kafka.admin import AdminClient
 
 from phaseroute.cli import control_status
 from phaseroute.cli.common import console, current_settings, errors_as_messages, json_stdout, print_table
+from phaseroute.infra.group_admin import while_coordinator_loads
 from phaseroute.infra.kafka_security import with_cluster_config
 from phaseroute.infra.topics import POOL_NAME
 from phaseroute.schemas import serde
@@ -114,7 +115,8 @@ def group_lag(admin: AdminClient, consumer: Consumer, group: str, topics: list[s
         parts += [TopicPartition(topic, p) for p in meta.partitions]
     if not parts:
         return {}
-    answer = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group, parts)])[group].result(timeout=timeout_s)
+    answer = while_coordinator_loads(lambda left: admin.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(group, parts)])[group].result(timeout=left), timeout_s)
     lag: dict[str, int] = defaultdict(int)
     for tp in answer.topic_partitions:
         low, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=timeout_s)

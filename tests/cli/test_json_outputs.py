@@ -179,8 +179,15 @@ def test_json_without_services(name: str, cli_env: dict[str, str]) -> None:
 @pytest.mark.kafka
 @pytest.mark.parametrize("name", [n for n, c in CASES.items() if c.needs == "broker"])
 def test_json_on_the_broker(name: str, cli_env: dict[str, str], bootstrap: str) -> None:
-    doc = run_json(CASES[name].args, {**cli_env, "PHASEROUTE_BOOTSTRAP_SERVERS": bootstrap})
+    env = {**cli_env, "PHASEROUTE_BOOTSTRAP_SERVERS": bootstrap}
+    tenant = f"json-{secrets.token_hex(3)}"
+    if name == "tenants list":  # the registry may be empty on a fresh broker: the list must show one we add
+        added = subprocess.run([*CLI, "tenants", "add", tenant], env=env, capture_output=True, text=True, timeout=120)
+        assert added.returncode == 0, added.stderr[-2000:]
+    doc = run_json(CASES[name].args, env)
     assert isinstance(doc, (dict, list)) and doc
+    if name == "tenants list":
+        assert tenant in json.dumps(doc), doc
 
 
 @pytest.mark.kafka
