@@ -139,4 +139,3 @@ def lease_members(bootstrap: str, timeout_s: float = 10.0, group: str = CONTROL_
         tp.topic == topic and tp.partition == 0 for tp in (m.assignment.topic_partitions if m.assignment else [])))
                for m in described.members]
     return sorted(members, key=lambda m: (not m.active, m.client_id))
-

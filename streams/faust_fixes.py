@@ -1,4 +1,4 @@
-"""Two corrections to faust-streaming (0.11) that the control plane's exactly-once needs.
+"""Two corrections to faust-streaming (0.15.3, with aiokafka) that the control plane's exactly-once needs.
 
 Both were found by measurement on the real broker; each is applied to one app, at build time:
 
