@@ -166,6 +166,8 @@ class CoreDriver:
         if now - self.hb_t >= self.opt.heartbeat_s:
             self._heartbeat(now)
         self._feed(self.core.tick(now), now)
+        while self.core.more_to_release:  # a tick releases a bounded slice: the rest goes at this instant
+            self._feed(self.core.tick(now), now)
         reports, counters = self.core.reports, self.sim.counters
         counters["no_placement"] = reports.unplaced
         counters["retries"] = reports.retries + reports.redispatched

@@ -228,6 +228,9 @@ class Harness:
                 self._call(payload, t)
             elif kind == "tick":
                 self._call(None, t)
+                if self.core.more_to_release:  # the tick stopped at the release cap: it goes on at this instant
+                    self._at(t, "tick")
+                    continue
                 self.fleet.maybe_fault(t, TICK_S)
                 if not self._done():
                     self._at(t + TICK_S, "tick")

@@ -34,6 +34,12 @@ class CoreConfig:
     quotas: Mapping[str, TenantQuota] = field(default_factory=dict)
     tick_s: float = 0.25
     """Period of the dispatch tick (the Faust timer; the simulator ticks at the same period)."""
+    max_releases_per_tick: int = 32
+    """A tick releases and routes at most this many requests, so that one tick holds the caller
+    (the control plane's event loop) for a bounded time: about this many times the router's cost
+    per request (~0.2 ms). A tick that stopped at the cap sets ``ControlCore.more_to_release``;
+    the caller ticks again at once (the live shell after yielding to its event loop, the
+    simulators at the same instant), so the cap slices the work without slowing it."""
     slots_per_worker: int = 1
     """Dispatched-but-unfinished requests per row of a worker's batch (backpressure)..."""
     kv_in_flight_factor: float = 1.5
@@ -68,6 +74,7 @@ class CoreConfig:
     def __post_init__(self) -> None:
         owner = "CoreConfig"
         _checks.positive(owner, "tick_s", self.tick_s)
+        _checks.at_least(owner, "max_releases_per_tick", self.max_releases_per_tick, 1)
         _checks.at_least(owner, "slots_per_worker", self.slots_per_worker, 1)
         _checks.positive(owner, "kv_in_flight_factor", self.kv_in_flight_factor)
         _checks.positive(owner, "failure_window_s", self.failure_window_s)

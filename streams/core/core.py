@@ -78,7 +78,8 @@ class ControlCore:
         return out
 
     def tick(self, now: float) -> list[Decision]:
-        """The clock: expiries, due back-offs, dead pools, stragglers, then release and placement."""
+        """The clock: expiries, due back-offs, dead pools, stragglers, then release and placement
+        (at most ``max_releases_per_tick``: see ``more_to_release``)."""
         out: list[Decision] = []
         steps: tuple[tuple[str, Callable[[float], list[Decision] | None]], ...] = (
             ("expire", self._expire), ("backoff", lambda t: recovery.requeue_due(self.dispatch, t)),
@@ -93,6 +94,14 @@ class ControlCore:
                 out.append(Problem(f"tick/{name}", f"{type(exc).__name__}: {exc}"))
         self._flush()
         return out
+
+    @property
+    def more_to_release(self) -> bool:
+        """The last tick stopped releasing at ``max_releases_per_tick`` while the fleet had more
+        free slots: tick again now. Each tick releases a bounded slice in the fair scheduler's
+        order (its counters carry over), so the slices together release as much as one unbounded
+        tick; only a release unit cut at a slice's end can change which tenant goes next."""
+        return self.dispatch.capped
 
     # -- events --------------------------------------------------------------------------------
     def _submitted(self, ev: JobSubmitted, now: float) -> list[Decision]:

@@ -90,6 +90,7 @@ class Dispatcher:
         self.stragglers: list[tuple[float, int, str, int, Phase]] = []  # (check at, seq, request, attempt, phase)
         self._seq = 0
         self.released: dict[str, int] = {}
+        self.capped = False  # the last release stopped at max_releases_per_tick
         # a speculative copy goes to another pool or nowhere (never back where the request runs)
         self._copy_router = replace(config.router, relax_avoid_when_empty=False)
 
@@ -225,13 +226,18 @@ class Dispatcher:
 
     # -- release and placement -----------------------------------------------------------------
     def release(self, now: float) -> list[Decision]:
-        """The fair scheduler releases up to the free slots; the router places each release."""
+        """The fair scheduler releases up to the free slots, at most ``max_releases_per_tick``
+        (``capped``: it stopped there, more may go at once); the router places each release."""
         free = self.fleet.free_slots(now, self.config.slots_per_worker)
         self.released = {}  # tenant -> requests the fair scheduler released this tick (also those given back)
+        self.capped = False
         if free <= 0:
             return []
         out: list[Decision] = []
-        for release in self.fair.schedule(FreeCapacity(free), now, self.fleet_cost_per_s).releases:
+        take = min(free, self.config.max_releases_per_tick)
+        releases = self.fair.schedule(FreeCapacity(take), now, self.fleet_cost_per_s).releases
+        self.capped = take < free and len(releases) >= take
+        for release in releases:
             tenant = release.request.tenant
             self.released[tenant] = self.released.get(tenant, 0) + 1
             state = self.requests.get(release.request.request_id)
