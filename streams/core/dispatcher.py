@@ -90,7 +90,8 @@ class Dispatcher:
         self.stragglers: list[tuple[float, int, str, int, Phase]] = []  # (check at, seq, request, attempt, phase)
         self._seq = 0
         self.released: dict[str, int] = {}
-        self.capped = False  # the last release stopped at max_releases_per_tick
+        self.capped = False  # the last release stopped at max_releases_per_tick...
+        self._budget = 0  # ...with this many of its tick's free slots left to release
         # a speculative copy goes to another pool or nowhere (never back where the request runs)
         self._copy_router = replace(config.router, relax_avoid_when_empty=False)
 
@@ -227,16 +228,21 @@ class Dispatcher:
     # -- release and placement -----------------------------------------------------------------
     def release(self, now: float) -> list[Decision]:
         """The fair scheduler releases up to the free slots, at most ``max_releases_per_tick``
-        (``capped``: it stopped there, more may go at once); the router places each release."""
+        (``capped``: it stopped there, more may go at once); the router places each release.
+        A tick after a capped one goes on with what is left of the capped tick's budget (the
+        free slots it started with), so the slices together release at most what one unbounded
+        tick would: a release that no pool can place still takes its share of the budget."""
         free = self.fleet.free_slots(now, self.config.slots_per_worker)
         self.released = {}  # tenant -> requests the fair scheduler released this tick (also those given back)
+        budget = min(self._budget, free) if self.capped else free
         self.capped = False
-        if free <= 0:
+        if budget <= 0:
             return []
         out: list[Decision] = []
-        take = min(free, self.config.max_releases_per_tick)
+        take = min(budget, self.config.max_releases_per_tick)
         releases = self.fair.schedule(FreeCapacity(take), now, self.fleet_cost_per_s).releases
-        self.capped = take < free and len(releases) >= take
+        self._budget = budget - len(releases)
+        self.capped = len(releases) >= take and self._budget > 0
         for release in releases:
             tenant = release.request.tenant
             self.released[tenant] = self.released.get(tenant, 0) + 1

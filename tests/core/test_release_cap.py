@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from phaseroute.streams.core import CoreConfig, Dispatch
+from phaseroute.streams.core import CoreConfig, Dispatch, FleetObserved, ProfilesUpdated
 
-from .fleet import admit, core, job
+from .fleet import admit, core, job, pool, table
 
 FREE_SLOTS = 32  # the fake fleet: 2 pools x 2 workers x batch 8, one slot per row
 
@@ -46,3 +46,21 @@ def test_a_tick_under_the_cap_does_not_ask_for_another() -> None:
 def test_the_cap_must_be_a_positive_count() -> None:
     with pytest.raises(ValueError, match="max_releases_per_tick"):
         CoreConfig(max_releases_per_tick=0)
+
+
+def test_releases_no_pool_can_place_use_the_budget_of_the_tick_they_were_released_in() -> None:
+    """Work no pool can place (here: its only pool is gone) is given its slot back; the slices of
+    one tick still stop once they released as many requests as the fleet had free slots, as one
+    unbounded tick would, instead of routing the whole queue at that instant."""
+    now = 1000.0
+    c = core(now, max_releases_per_tick=5)
+    admit(c, job("j", 200, now), now)
+    c.handle(FleetObserved((pool("a", now), pool("b", now))), now)  # both pools serve...
+    c.handle(ProfilesUpdated(table([], now)), now)  # ...but no profile row: no path can be placed
+    released, slices = 0, 0
+    while True:
+        assert _placed(c.tick(now + 0.25)) == []
+        released, slices = released + sum(c.dispatch.released.values()), slices + 1
+        if not c.more_to_release:
+            break
+    assert released == FREE_SLOTS and slices == 7 and c.dispatch.reports.unplaced == FREE_SLOTS
