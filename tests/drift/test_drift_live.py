@@ -89,9 +89,29 @@ class Live:
                                drift_topic=self.topics["drift"], alerts_topic=self.topics["alerts"])
         self.control = subprocess.Popen([sys.executable, "-m", "phaseroute.cli.main", "control"],
                                         stdout=open(home / "control.log", "ab"), stderr=subprocess.STDOUT)
+        self._wait_until_restored(home / "control.log")
         self.service = MonitorService(self.bootstrap, config, dead_after_s=30.0)
         self.monitor = self.service.monitor
         self.service.start()
+
+    def _wait_until_restored(self, log_path: Path, timeout_s: float = 600.0) -> None:
+        """The rounds are timed from a control plane that serves: its start reads every control
+        changelog on the broker, which the earlier tests of a CI run grow (its length is not what
+        this module measures). The workers keep polling meanwhile, so the pools are alive when it is."""
+        began = time.time()
+        while time.time() - began < timeout_s:
+            for loop in self.loops.values():
+                loop.run_once()
+            if "control plane restored" in log_path.read_text(errors="replace"):
+                print(f"\ncontrol plane restored {time.time() - began:.1f} s after its start")
+                return
+            assert self.control is not None and self.control.poll() is None, \
+                f"the control plane exited: {log_path.read_text(errors='replace')[-3000:]}"
+            time.sleep(0.2)
+        text = log_path.read_text(errors="replace")
+        stage = ("still a standby (another control plane holds the lease)" if "holds the control lease" not in text
+                 else "active, still recovering its tables")
+        raise AssertionError(f"the control plane was not restored within {timeout_s:.0f} s: {stage}; see {log_path}")
 
     def pump(self, until: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.time() + timeout_s
