@@ -34,7 +34,7 @@ class CoreConfig:
     quotas: Mapping[str, TenantQuota] = field(default_factory=dict)
     tick_s: float = 0.25
     """Period of the dispatch tick (the Faust timer; the simulator ticks at the same period)."""
-    max_releases_per_tick: int = 32
+    max_releases_per_tick: int = 24
     """A tick releases and routes at most this many requests, so that one tick holds the caller
     (the control plane's event loop) for a bounded time: about this many times the router's cost
     per request (~0.2 ms). A tick that stopped at the cap sets ``ControlCore.more_to_release``;

@@ -38,7 +38,7 @@ def test_slices_at_the_cap_release_what_one_unbounded_tick_does_in_the_same_orde
 
 def test_a_tick_under_the_cap_does_not_ask_for_another() -> None:
     now = 1000.0
-    c = core(now)  # the default cap is above the fake fleet's 32 free slots
+    c = core(now)  # 10 requests: under the default cap
     admit(c, job("j", 10, now), now)
     assert len(_placed(c.tick(now + 0.25))) == 10 and not c.more_to_release
 
