@@ -139,11 +139,18 @@ class FairScheduler:
         self._largest_cost = 0.0
         self._seq = 0
 
+    def _tenant(self, tenant: str) -> _Tenant:
+        """The tenant's state, created empty on first sight (not built per call to find it)."""
+        state = self._tenants.get(tenant)
+        if state is None:
+            state = self._tenants[tenant] = _Tenant()
+        return state
+
     # --- input -------------------------------------------------------------------------
     def enqueue(self, request: RequestWork, now: float) -> None:
         if request.request_id in self._running:  # released before and back (retry, lost pool): free its slot
             self.on_finished(request.request_id, now)
-        state = self._tenants.setdefault(request.tenant, _Tenant())
+        state = self._tenant(request.tenant)
         if not state.queue:
             backlogged = [t.counter for t in self._tenants.values() if t.queue]
             state.counter = max(state.counter, min(backlogged) if backlogged else self._floor)
@@ -206,7 +213,7 @@ class FairScheduler:
         for tenant, (counter, served_cost) in saved.items():
             if not (math.isfinite(counter) and math.isfinite(served_cost)):
                 raise ValueError(f"tenant {tenant!r}: saved counter {counter!r} / served cost {served_cost!r} must be finite")
-            state = self._tenants.setdefault(tenant, _Tenant())
+            state = self._tenant(tenant)
             state.counter, state.served_cost = counter, served_cost
         if saved:
             self._floor = max(self._floor, min(counter for counter, _ in saved.values()))
@@ -216,7 +223,7 @@ class FairScheduler:
         slot again; it was charged then (kept in the restored counter) and is corrected at finish."""
         if request.request_id in self._running:
             return
-        self._tenants.setdefault(request.tenant, _Tenant()).in_flight += 1
+        self._tenant(request.tenant).in_flight += 1
         self._running[request.request_id] = (request.tenant, self._expected_output(request), self._charge(request))
 
     # --- decision ----------------------------------------------------------------------

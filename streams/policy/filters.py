@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .confidence import EffectiveProfile
 from .cost_model import kv_need_bytes
@@ -22,9 +22,9 @@ from .router_config import RouterConfig
 from .types import PathEstimate, PathQuality, Phase, PoolState, ProfileRow, QualityTier, RequestWork
 
 
-@dataclass(frozen=True, slots=True)
-class PoolInput:
-    """What the request-independent filters read: one pool for one phase of one model at ``now``."""
+class PoolInput(NamedTuple):
+    """What the request-independent filters read: one pool for one phase of one model at ``now``
+    (built for every pool view the router makes: a tuple is cheap to build)."""
 
     pool: PoolState
     phase: Phase

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 
 from .confidence import ConfidenceConfig, effective_link
 from .cost_model import DecodeSide, PhaseCost, PrefillSide, decode_side, path_estimate, prefill_side
-from .filters import kv_handover, path_filter
+from .filters import kv_handover, path_filter, required_quality
 from .paths import candidate_pairs, every_pair, prunes
 from .phase_view import phase_costs
 from .quality import path_quality
@@ -98,6 +98,7 @@ def _candidates(
     measured_quality = bool(profiles.quality)
     prompt_tokens, usd_per_gb, model = request.prompt_tokens, config.transfer_usd_per_gb, request.model
     links = _links(profiles, now, config.confidence)
+    need = required_quality(request, config)
     for pre, dec in _pairs(pre_costs, dec_costs, prompt_tokens, config):
         src, dst, link = pre[0], dec[0], None
         if src != dst:
@@ -112,7 +113,9 @@ def _candidates(
         measured = path_quality(profiles, model, src, dst, now) if measured_quality else None
         if measured is not None:
             estimate = estimate._replace(quality=measured.score)
-        reason = path_filter(request, estimate, config, measured)
+        # path_filter's verdict; the common case (no canary measure, quality enough) inline
+        reason = None if measured is None and estimate.quality >= need else path_filter(
+            request, estimate, config, measured)
         if reason is None:
             paths.append(estimate)
             totals.append(estimate.total_s)
@@ -121,63 +124,45 @@ def _candidates(
     return paths, totals, rejected
 
 
-def _describe(e: PathEstimate) -> str:
-    where = f"colocated on {e.prefill_pool}" if e.colocated else f"disaggregated {e.prefill_pool} -> {e.decode_pool}"
-    return (
-        f"{where}: est {e.total_s:.3g} s (wait {e.prefill_wait_s + e.decode_wait_s:.3g} + prefill {e.prefill_s:.3g}"
-        f" + transfer {e.transfer_s:.3g} + decode {e.decode_s:.3g})"
-    )
+RankKey = tuple[int, float, float, str, str, int]
 
 
-def _reason(chosen: int, ranked: list[int], paths: list[PathEstimate], scores: list[float], explored: bool,
-            passed_over: int) -> str:
-    e = paths[chosen]
-    text = f"{_describe(e)}, score {scores[chosen]:.3f}"
-    rival = next((i for i in ranked if paths[i].colocated != e.colocated), None)
-    if rival is not None:
-        r = paths[rival]
-        text += f"; best {'colocated' if r.colocated else 'disaggregated'} alternative: "
-        text += f"{_describe(r)}, score {scores[rival]:.3f}"
-    if explored:
-        text += "; exploration pick"
-    elif passed_over:
-        text += f"; {passed_over} better-scored path(s) passed over (pool above its traffic share)"
-    return text
-
-
-def _rank(paths: list[PathEstimate], scores: list[float], totals: Sequence[float], model: str,
-          state: RouterState, prefill_pools: set[str], decode_pools: set[str]) -> list[int]:
-    """Path indices, best score first; equal scores (to 1e-9, so float noise cannot herd) go to
-    the pool owed the most traffic share, then to the shorter estimate, then by name.
-    ``prefill_pools``, ``decode_pools``: the pools the paths use for each phase."""
+def _rank_keys(paths: list[PathEstimate], scores: list[float], totals: Sequence[float], model: str,
+               state: RouterState, prefill_pools: set[str], decode_pools: set[str]) -> list[RankKey]:
+    """One sort key per path (in ``paths`` order; the last element is the path's index): best
+    score first; equal scores (in units of 1e-9, so float noise cannot herd; scores are in
+    [0, 1]) go to the pool owed the most traffic share, then to the shorter estimate, then by name. ``prefill_pools``,
+    ``decode_pools``: the pools the paths use for each phase. The router takes the least key
+    (or the least of a subset) and sorts only when it must walk past the best."""
     credits_p, credits_d = state.credits(model, Phase.PREFILL), state.credits(model, Phase.DECODE)
     credit_p = {a: credits_p.get(a, 0.0) for a in prefill_pools}
     credit_d = {b: credits_d.get(b, 0.0) for b in decode_pools}
-    keys = [  # e[0], e[1]: a path's prefill and decode pools
-        (-round(score, 9), -(credit_p[e[0]] + credit_d[e[1]]), total, e[0], e[1], i)
+    return [  # e[0], e[1]: a path's prefill and decode pools
+        (-int(score * 1e9 + 0.5), -(credit_p[e[0]] + credit_d[e[1]]), total, e[0], e[1], i)
         for i, (e, score, total) in enumerate(zip(paths, scores, totals))
     ]
-    keys.sort()
-    return [k[-1] for k in keys]
 
 
 def _pick(
-    ranked: list[int], paths: list[PathEstimate], model: str, state: RouterState, config: RouterConfig,
+    keys: list[RankKey], paths: list[PathEstimate], model: str, state: RouterState, config: RouterConfig,
     rng: random.Random, draw: float, pools_used: set[str],
 ) -> tuple[int, bool, int]:
     """(chosen path index, whether it was an exploration pick, how many better paths were passed
-    over); ``pools_used``: every pool some path uses."""
+    over); ``keys``: ``_rank_keys`` of the paths; ``pools_used``: every pool some path uses."""
     if draw < config.exploration_share:
         explorable = sorted(pools_used)
         if len(explorable) > 1:
             target = explorable[rng.randrange(len(explorable))]
-            return next(i for i in ranked if target in (paths[i].prefill_pool, paths[i].decode_pool)), True, 0
+            return min(k for k in keys if target == k[3] or target == k[4])[-1], True, 0
+    best = min(keys)
     over_p = state.over_budget(model, Phase.PREFILL, config)
     over_d = state.over_budget(model, Phase.DECODE, config)
-    for n, i in enumerate(ranked):
-        if paths[i].prefill_pool not in over_p and paths[i].decode_pool not in over_d:
-            return i, False, n
-    return ranked[0], False, 0
+    if best[3] not in over_p and best[4] not in over_d:
+        return best[-1], False, 0
+    for n, k in enumerate(sorted(keys)):
+        if k[3] not in over_p and k[4] not in over_d:
+            return k[-1], False, n
+    return best[-1], False, 0
 
 
 def route(
@@ -205,10 +190,11 @@ def route(
     x = ScoreInput(paths, FieldStats.of(paths, totals), request, now, config, totals)
     scores, columns = score_paths(x)
     prefill_pools, decode_pools = {e[0] for e in paths}, {e[1] for e in paths}
-    ranked = _rank(paths, scores, x.totals, request.model, state, prefill_pools, decode_pools)
-    chosen, explored, passed_over = _pick(ranked, paths, request.model, state, config, rng, draw,
+    keys = _rank_keys(paths, scores, x.totals, request.model, state, prefill_pools, decode_pools)
+    chosen, explored, passed_over = _pick(keys, paths, request.model, state, config, rng, draw,
                                           prefill_pools | decode_pools)
     e = paths[chosen]
+    rival = min((k for k in keys if (k[3] == k[4]) is not e.colocated), default=None)
     return RoutingDecision(
         request_id=request.request_id,
         prefill_pool=e.prefill_pool,
@@ -219,8 +205,10 @@ def route(
         scores=parts_of(columns, chosen),
         score=scores[chosen],
         explored=explored,
-        reason=_reason(chosen, ranked, paths, scores, explored, passed_over),
         rejected=tuple(rejected),
         eligible_prefill=tuple(sorted(prefill_pools)),
         eligible_decode=tuple(sorted(decode_pools)),
+        rival=None if rival is None else paths[rival[-1]],
+        rival_score=0.0 if rival is None else scores[rival[-1]],
+        passed_over=0 if explored else passed_over,
     )

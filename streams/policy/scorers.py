@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 from .router_config import RouterConfig, ScorerWeights
 from .types import PathEstimate, RequestWork
 
 
-@dataclass(frozen=True)
-class FieldStats:
+class FieldStats(NamedTuple):
     """What a relative scorer needs to know about all candidates of one decision."""
 
     best_total_s: float
@@ -66,7 +65,8 @@ def _ratios(best: float, values: Iterable[float | None], unknown: float) -> list
 
 def _clamped(values: list[float]) -> list[float]:
     """``values`` with each clamped to [0, 1] (NaN to 0); the list itself when all are in range."""
-    if values and min(values) >= 0.0 and max(values) <= 1.0 and not any(map(math.isnan, values)):
+    # min and max skip a NaN that is not first; the sum of values in [0, 1] is NaN only with one
+    if values and min(values) >= 0.0 and max(values) <= 1.0 and (total := sum(values)) == total:
         return values
     return [v if 0.0 <= v <= 1.0 else 1.0 if v > 1.0 else 0.0 for v in values]  # NaN fails both tests: 0
 
@@ -130,8 +130,11 @@ def score_paths(x: ScoreInput) -> tuple[list[float], Columns]:
     order), and the per-scorer values, clamped to [0, 1], as columns (``parts_of`` picks one path's)."""
     active = _active(x.config.weights)
     columns = tuple((name, _clamped(fn(x))) for name, fn, _ in active)
-    weights = [weight for _, _, weight in active]
-    totals = [sum(map(operator.mul, weights, path)) for path in zip(*(values for _, values in columns))]
+    # A column at a time, each path's sum in scorer order: the same additions as summing each
+    # path's weighted values in turn, with one list pass per scorer instead of one call per path.
+    totals = [0.0] * len(x.estimates)
+    for (_, values), (_, _, weight) in zip(columns, active):
+        totals = [t + weight * v for t, v in zip(totals, values)]
     return totals, columns
 
 

@@ -346,10 +346,36 @@ class RoutingDecision:
     scores: tuple[tuple[str, float], ...]  # per-scorer value in [0, 1]
     score: float  # weighted mean of ``scores``
     explored: bool
-    reason: str
     rejected: tuple[tuple[str, str], ...] = ()  # (pool/phase, why it was filtered)
     eligible_prefill: tuple[str, ...] = ()  # pools that passed the filters, for RouterState.record
     eligible_decode: tuple[str, ...] = ()
+    rival: PathEstimate | None = None  # the best path of the other kind (colocated / disaggregated)
+    rival_score: float = 0.0
+    passed_over: int = 0  # better-scored paths passed over (their pool was above its traffic share)
+
+    @property
+    def reason(self) -> str:
+        """Why this path, in words: the estimate, the best alternative of the other kind, and
+        whether it was an exploration pick or passed better paths over (formatted when read:
+        the router decides far more often than anyone reads why)."""
+        text = f"{_describe_path(self.estimate)}, score {self.score:.3f}"
+        if self.rival is not None:
+            r = self.rival
+            text += f"; best {'colocated' if r.colocated else 'disaggregated'} alternative: "
+            text += f"{_describe_path(r)}, score {self.rival_score:.3f}"
+        if self.explored:
+            text += "; exploration pick"
+        elif self.passed_over:
+            text += f"; {self.passed_over} better-scored path(s) passed over (pool above its traffic share)"
+        return text
+
+
+def _describe_path(e: PathEstimate) -> str:
+    where = f"colocated on {e.prefill_pool}" if e.colocated else f"disaggregated {e.prefill_pool} -> {e.decode_pool}"
+    return (
+        f"{where}: est {e.total_s:.3g} s (wait {e.prefill_wait_s + e.decode_wait_s:.3g} + prefill {e.prefill_s:.3g}"
+        f" + transfer {e.transfer_s:.3g} + decode {e.decode_s:.3g})"
+    )
 
 
 @dataclass(frozen=True, slots=True)
