@@ -53,7 +53,7 @@ from phaseroute.streams.edge import Send, ms
 from phaseroute.streams.faust_fixes import drain_table_writes_before_commits, read_uncommitted_partitions_from_the_start
 from phaseroute.streams.model_catalog import ModelInfo, load_model_info
 from phaseroute.streams.settings import core_config
-from phaseroute.streams.shell import ControlShell
+from phaseroute.streams.shell import RESTORED, ControlShell
 from phaseroute.streams.tick_stats import TickStats
 from phaseroute.streams.views import PoolView, ProfileView, TopicFollower
 
@@ -197,7 +197,7 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
             waited += 0.1
         now = time.time()
         sends = shell.restore(now)
-        log.info("control plane restored: %d requests, %d jobs from the tables; %d final results sent again",
+        log.info("%s: %d requests, %d jobs from the tables; %d final results sent again", RESTORED,
                  len(core.dispatch.requests), len(core.jobs.jobs), len(sends))
         await send_all(sends)
         handle["ready"] = True

@@ -56,6 +56,10 @@ from phaseroute.streams.validation_report import write_validation_errors
 from phaseroute.streams.views import PoolView, ProfileView
 
 log = logging.getLogger(__name__)
+
+RESTORED = "control plane restored"
+"""The start of the line the control plane logs once its state is read back and it serves
+(what ``bench control`` and the live tests wait for)."""
 SERVICE = "control"
 
 _EVENTS: dict[str, Callable[[dict[str, Any]], Event | None]] = {

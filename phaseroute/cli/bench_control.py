@@ -59,6 +59,7 @@ def run(settings: Settings, jobs: int, requests: int, pools: int, timeout_s: flo
     from phaseroute.cli.jobs_operator import job_record, latest_job_states, publish
     from phaseroute.consumers.instant_fleet import InstantFleet
     from phaseroute.infra.control_lease import lease_members
+    from phaseroute.streams.shell import RESTORED
     from phaseroute.streams.tick_stats import LINE
 
     bootstrap = settings.bootstrap_servers
@@ -73,7 +74,7 @@ def run(settings: Settings, jobs: int, requests: int, pools: int, timeout_s: flo
     fleet = InstantFleet(bootstrap, pools)
     fleet.start()
     try:
-        _wait_for_line(work / "control.log", "control plane restored", procs, 180)
+        _wait_for_line(work / "control.log", RESTORED, procs, 180)
         time.sleep(3.0)  # the pool view has the fake pools' heartbeats
         run_id = uuid.uuid4().hex[:6]
         submitted: dict[str, float] = {}

@@ -49,6 +49,7 @@ from phaseroute.streams.policy import (
     route,
 )
 from phaseroute.streams.policy.quality import QualityConfig
+from phaseroute.streams.shell import RESTORED
 from phaseroute.streams.views import ProfileView, TopicFollower
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.slow]
@@ -102,7 +103,7 @@ class Live:
         while time.time() - began < timeout_s:
             for loop in self.loops.values():
                 loop.run_once()
-            if "control plane restored" in log_path.read_text(errors="replace"):
+            if RESTORED in log_path.read_text(errors="replace"):
                 print(f"\ncontrol plane restored {time.time() - began:.1f} s after its start")
                 return
             assert self.control is not None and self.control.poll() is None, \
