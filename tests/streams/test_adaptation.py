@@ -23,6 +23,8 @@ from confluent_kafka import Consumer
 
 from phaseroute.cli.pools_cmd import read_since
 from phaseroute.infra import topics
+from phaseroute.streams.policy import ProfileRow
+from phaseroute.streams.profiles.convert import from_avro
 
 from .stack_fixture import CLI, LiveStack, profile_pools
 
@@ -52,9 +54,9 @@ def _dispatch_times(bootstrap: str, since: float) -> dict[str, list[float]]:
         consumer.close()
 
 
-def _telemetry_speed(bootstrap: str, since: float) -> dict[tuple[str, str], dict[int, float]]:
-    """(pool, phase) -> the batch curve (batch size -> tokens/s) of the newest TELEMETRY row
-    published since ``since``: what the router's table holds for the pool."""
+def _telemetry_speed(bootstrap: str, since: float) -> dict[tuple[str, str], ProfileRow]:
+    """(pool, phase) -> the newest TELEMETRY row published since ``since``: what the router's
+    table holds for the pool."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"adapt-{uuid.uuid4().hex}",
                          "enable.auto.commit": False, "enable.partition.eof": True})
     try:
@@ -66,7 +68,12 @@ def _telemetry_speed(bootstrap: str, since: float) -> dict[tuple[str, str], dict
         key = (row["pool"], row["phase"])
         if row["source"] == "TELEMETRY" and row["pool"] in (FAST, SLOW) and row["updated_at"] >= newest.get(key, row)["updated_at"]:
             newest[key] = row
-    return {key: {p["batch_size"]: p["tokens_per_s"] for p in row["batch_curve"]} for key, row in newest.items()}
+    out: dict[tuple[str, str], ProfileRow] = {}
+    for key, row in newest.items():
+        parsed = from_avro(row)
+        assert isinstance(parsed, ProfileRow), row
+        out[key] = parsed
+    return out
 
 
 def _shares(times: dict[str, list[float]], start: float, end: float) -> list[tuple[float, float, int]]:
@@ -112,20 +119,22 @@ def test_router_moves_work_off_a_pool_slowed_at_run_time(bootstrap: str, tmp_pat
     before = _shares(times, started, slowed_at)
     after = _shares(times, slowed_at, ended)
     print(f"\n[figures] share of new work to the slowed pool per {WINDOW_S:.0f} s window: before {before}, after {after}")
-    print(f"[figures] telemetry batch curves (batch: tokens/s) from 60 s after the slowdown: {speeds}")
+    curves = {f"{pool}/{phase}": [(c.batch_size, round(c.tokens_per_s, 1)) for c in row.curve]
+              for (pool, phase), row in speeds.items()}
+    print(f"[figures] telemetry batch curves (batch, tokens/s) from 60 s after the slowdown: {curves}")
     share_before = sum(b * n for _, b, n in before) / sum(n for *_, n in before)
     late = [(s, n) for t, s, n in after if t >= 60 and n >= 5]  # bounded reaction time: 60 s after the slowdown
-    # the telemetry chain saw the slowdown: for each phase, at some batch size both pools ran, the
-    # slowed pool's measured tokens/s is at most half the other's (the throttle makes it a quarter;
-    # both pools share two cores with the rest of the stack). Not at every batch size: a curve point
-    # the slowed pool no longer reaches keeps its last (pre-slowdown) value, since the decay weighs
-    # samples against the others of their own bucket (seen: decode at batch 2, 17.9 vs 16.8 tok/s)
-    phases = {phase for (pool, phase), curve in speeds.items() if pool == SLOW and set(curve) & set(speeds.get((FAST, phase), {}))}
-    assert phases >= {"PREFILL", "DECODE"}, f"no telemetry curves of both pools at one batch size after the slowdown: {speeds}"
-    for phase in phases:
-        slow, fast = speeds[(SLOW, phase)], speeds[(FAST, phase)]
-        ratios = {b: slow[b] / fast[b] for b in sorted(set(slow) & set(fast)) if fast[b] > 0}
-        assert min(ratios.values()) <= 0.5, f"{phase}: the slowdown is in no curve point (slowed/other per batch: {ratios})"
+    # the telemetry chain saw the slowdown: for each phase, at some batch size either pool's curve
+    # has a point, the slowed pool's tokens/s (as the router reads a curve: between and beyond its
+    # points) is at most half the other's (the throttle makes it a quarter; both pools share two
+    # cores with the rest of the stack). The curves hold only batch sizes each pool still runs
+    # (``max_point_lag_s``): before, a size the slowed pool no longer reached kept its old speed.
+    for phase in ("PREFILL", "DECODE"):
+        slow, fast = speeds.get((SLOW, phase)), speeds.get((FAST, phase))
+        assert slow is not None and fast is not None, f"{phase}: no telemetry row of both pools after the slowdown: {curves}"
+        sizes = sorted({c.batch_size for c in slow.curve} | {c.batch_size for c in fast.curve})
+        ratios = {b: round(slow.tokens_per_s(b) / fast.tokens_per_s(b), 3) for b in sizes if fast.tokens_per_s(b) > 0}
+        assert min(ratios.values()) <= 0.5, f"{phase}: the slowdown is in no curve point (slowed/other per batch: {ratios}; {curves})"
     assert share_before >= 0.3, f"both pools should share the work before the slowdown ({share_before:.2f})"
     assert len(late) >= 4, f"too few windows after the reaction time: {after}"
     mean = lambda ws: sum(s * n for s, n in ws) / sum(n for _, n in ws)
