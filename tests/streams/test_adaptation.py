@@ -66,7 +66,8 @@ def _telemetry_speed(bootstrap: str, since: float) -> dict[tuple[str, str], Prof
     newest: dict[tuple[str, str], dict] = {}
     for row in rows:
         key = (row["pool"], row["phase"])
-        if row["source"] == "TELEMETRY" and row["pool"] in (FAST, SLOW) and row["updated_at"] >= newest.get(key, row)["updated_at"]:
+        if row["source"] == "TELEMETRY" and row["phase"] in ("PREFILL", "DECODE") and row["pool"] in (FAST, SLOW) \
+                and row["updated_at"] >= newest.get(key, row)["updated_at"]:
             newest[key] = row
     out: dict[tuple[str, str], ProfileRow] = {}
     for key, row in newest.items():
