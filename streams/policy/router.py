@@ -131,9 +131,10 @@ def _rank_keys(paths: list[PathEstimate], scores: list[float], totals: Sequence[
                state: RouterState, prefill_pools: set[str], decode_pools: set[str]) -> list[RankKey]:
     """One sort key per path (in ``paths`` order; the last element is the path's index): best
     score first; equal scores (in units of 1e-9, so float noise cannot herd; scores are in
-    [0, 1]) go to the pool owed the most traffic share, then to the shorter estimate, then by name. ``prefill_pools``,
-    ``decode_pools``: the pools the paths use for each phase. The router takes the least key
-    (or the least of a subset) and sorts only when it must walk past the best."""
+    [0, 1]) go to the pool owed the most traffic share, then to the shorter estimate, then by
+    name. ``prefill_pools``, ``decode_pools``: the pools the paths use for each phase. The
+    router takes the least key (or the least of a subset) and sorts only when it must walk
+    past the best."""
     credits_p, credits_d = state.credits(model, Phase.PREFILL), state.credits(model, Phase.DECODE)
     credit_p = {a: credits_p.get(a, 0.0) for a in prefill_pools}
     credit_d = {b: credits_d.get(b, 0.0) for b in decode_pools}
@@ -144,8 +145,8 @@ def _rank_keys(paths: list[PathEstimate], scores: list[float], totals: Sequence[
 
 
 def _pick(
-    keys: list[RankKey], paths: list[PathEstimate], model: str, state: RouterState, config: RouterConfig,
-    rng: random.Random, draw: float, pools_used: set[str],
+    keys: list[RankKey], model: str, state: RouterState, config: RouterConfig, rng: random.Random, draw: float,
+    pools_used: set[str],
 ) -> tuple[int, bool, int]:
     """(chosen path index, whether it was an exploration pick, how many better paths were passed
     over); ``keys``: ``_rank_keys`` of the paths; ``pools_used``: every pool some path uses."""
@@ -191,8 +192,7 @@ def route(
     scores, columns = score_paths(x)
     prefill_pools, decode_pools = {e[0] for e in paths}, {e[1] for e in paths}
     keys = _rank_keys(paths, scores, x.totals, request.model, state, prefill_pools, decode_pools)
-    chosen, explored, passed_over = _pick(keys, paths, request.model, state, config, rng, draw,
-                                          prefill_pools | decode_pools)
+    chosen, explored, passed_over = _pick(keys, request.model, state, config, rng, draw, prefill_pools | decode_pools)
     e = paths[chosen]
     rival = min((k for k in keys if (k[3] == k[4]) is not e.colocated), default=None)
     return RoutingDecision(
