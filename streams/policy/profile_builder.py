@@ -74,13 +74,6 @@ class ProfileBuilderConfig:
     Set it below the EXACT threshold to keep unmeasured pools off exact work."""
     no_success_tokens_per_s: float = 1e-6
     """Throughput recorded for a row whose samples all failed (it must stay unattractive)."""
-    max_point_lag_s: float = 120.0
-    """A curve point whose bucket was last seen longer than this before the row's newest curve
-    bucket is left out: the pool no longer runs that batch size, so the point shows the pool as
-    it was (decay weighs a sample only against its own bucket's others, so after a slowdown such
-    a point would keep the old speed for the whole window). The newest point always stays; a
-    profiler grid, measured at one time, keeps every point. About two decay constants of the
-    live window (``Window.tau_s`` = 60 s)."""
 
     def __post_init__(self) -> None:
         owner = "ProfileBuilderConfig"
@@ -88,7 +81,6 @@ class ProfileBuilderConfig:
         _checks.positive(owner, "max_age_s", self.max_age_s, allow_inf=True)
         _checks.non_negative(owner, "default_quality_score", self.default_quality_score)
         _checks.positive(owner, "no_success_tokens_per_s", self.no_success_tokens_per_s)
-        _checks.positive(owner, "max_point_lag_s", self.max_point_lag_s, allow_inf=True)
 
 
 def _weighted(values: Sequence[tuple[float, float]]) -> float:
@@ -97,12 +89,9 @@ def _weighted(values: Sequence[tuple[float, float]]) -> float:
 
 
 def _curve(buckets: Sequence[PhaseAggregate], config: ProfileBuilderConfig) -> tuple[CurvePoint, ...]:
-    measured = [b for b in buckets
-                if b.samples >= config.min_bucket_samples and b.tokens_per_s > 0 and b.samples > b.errors]
-    newest = max((b.last_seen for b in measured), default=0.0)
     by_size: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    for b in measured:
-        if newest - b.last_seen <= config.max_point_lag_s:
+    for b in buckets:
+        if b.samples >= config.min_bucket_samples and b.tokens_per_s > 0 and b.samples > b.errors:
             by_size[max(1, b.batch_size)].append((b.tokens_per_s, b.samples - b.errors))
     if not by_size:
         return (CurvePoint(1, config.no_success_tokens_per_s),)

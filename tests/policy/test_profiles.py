@@ -81,33 +81,6 @@ def test_old_or_thin_buckets_are_dropped():
     assert rows[0].samples == 105  # the thin bucket's samples still count toward the error rate
 
 
-def test_a_batch_size_the_pool_stopped_running_leaves_the_curve():
-    """The adaptation test's case: 140 s after a 4x slowdown the pool runs batch 4 only; its
-    batch-2 bucket, last seen before the slowdown, kept the old speed (17.9 tok/s against 7.1 at
-    batch 4), so the curve said batch 2 was faster than batch 4 and the slowdown half hidden."""
-    fresh, stale = agg(batch=4, tps=7.1, last_seen=NOW), agg(batch=2, tps=17.9, last_seen=NOW - 140)
-    (r,) = build_profile_rows([fresh, stale], NOW)
-    assert [(c.batch_size, c.tokens_per_s) for c in r.curve] == [(4, 7.1)]
-    assert r.tokens_per_s(2) == pytest.approx(7.1 / 2)  # below the first point: one sequence's rate
-    assert r.samples == 200  # the stale bucket still counts toward the error rate and latencies
-    # within the lag it stays, and the lag is the config's
-    (kept,) = build_profile_rows([fresh, agg(batch=2, tps=17.9, last_seen=NOW - 100)], NOW)
-    assert [c.batch_size for c in kept.curve] == [2, 4]
-    (kept,) = build_profile_rows([fresh, stale], NOW, ProfileBuilderConfig(max_point_lag_s=math.inf))
-    assert [c.batch_size for c in kept.curve] == [2, 4]
-
-
-def test_a_profile_measured_at_one_time_keeps_every_point_however_old():
-    old = NOW - 3_000  # a profiler grid: every bucket last seen at once
-    (r,) = build_profile_rows([agg(batch=b, tps=10.0 * b, last_seen=old) for b in (1, 2, 4, 8)], NOW)
-    assert [c.batch_size for c in r.curve] == [1, 2, 4, 8]
-
-
-def test_max_point_lag_must_be_positive():
-    with pytest.raises(ValueError, match="max_point_lag_s"):
-        ProfileBuilderConfig(max_point_lag_s=0)
-
-
 def test_quality_is_sample_weighted_when_measured():
     (r,) = build_profile_rows(
         [agg(batch=1, samples=10, quality_score=0.9), agg(batch=8, samples=30, quality_score=0.7)], NOW
