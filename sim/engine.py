@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from phaseroute.schemas.enums import Phase
+from phaseroute.sim.collector import paced_for_long_runs
 from phaseroute.sim.disruptions import Disruptions
 from phaseroute.sim.events import (  # noqa: F401  (the statuses are re-exported for drivers and tests)
     ARRIVE,
@@ -184,13 +185,14 @@ class Simulator(Disruptions, Sampling, Speculation):
                     self._on_sample, self._on_fleet, self._on_fail, self._on_repair, self._on_retry, self._on_tick)
         heap, pop = self.heap, heapq.heappop
         events = 0
-        while heap and self.unresolved_jobs > 0:
-            t, _, kind, a, b = pop(heap)
-            if t > self.t_end:
-                break
-            self.now = t
-            events += 1
-            handlers[kind](a, b)
+        with paced_for_long_runs():
+            while heap and self.unresolved_jobs > 0:
+                t, _, kind, a, b = pop(heap)
+                if t > self.t_end:
+                    break
+                self.now = t
+                events += 1
+                handlers[kind](a, b)
         self.counters["events"] = events
         self._on_sample(None, None)
         return self
