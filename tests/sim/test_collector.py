@@ -4,6 +4,7 @@ not depend on the pace (the collector frees no live object)."""
 from __future__ import annotations
 
 import gc
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -28,9 +29,19 @@ def test_a_threshold_that_is_not_positive_is_refused_with_its_value() -> None:
         pass
 
 
-def test_a_run_gives_the_same_result_at_the_default_pace(sim_inputs, monkeypatch) -> None:
+def test_a_run_is_paced_and_gives_the_same_result_at_the_default_pace(sim_inputs, monkeypatch) -> None:
     w, f, _ = prepare(sim_inputs.workload(max_requests=1000), sim_inputs.fleet(), load=0.8)
+    inside: list[int] = []
+
+    @contextmanager
+    def watched():
+        with collector.paced_for_long_runs():
+            inside.append(gc.get_threshold()[0])
+            yield
+
+    monkeypatch.setattr("phaseroute.sim.engine.paced_for_long_runs", watched)
     paced = Simulator(w, f, make_driver("phaseroute"), SimConfig(seed=3)).run()
+    assert inside == [collector.YOUNG_THRESHOLD]
     monkeypatch.setattr("phaseroute.sim.engine.paced_for_long_runs", lambda: collector.paced_for_long_runs(700))
     default = Simulator(w, f, make_driver("phaseroute"), SimConfig(seed=3)).run()
     assert paced.counters["events"] > 0
