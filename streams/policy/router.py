@@ -22,7 +22,8 @@
 4. Pick: with probability ``exploration_share`` a uniformly random eligible pool (the best
    path through it), so every pool stays measured; otherwise the best path whose pools have
    not run ahead of their target traffic share in ``state`` (the best overall if none is).
-   Ties go to the pool owed the most share.
+   Ties go to the pool owed the most share. Neither walk away from the best path goes to a path
+   whose KV transfer costs more than the best's by over ``walk_transfer_share`` of its dollars.
 Colocate-vs-disaggregate is simply which kind of path wins: disaggregation wins when a
 faster/cheaper decode pool plus the KV transfer beats running both phases on one pool, or
 when prefill would stall many decodes on a shared pool.
@@ -37,7 +38,7 @@ import random
 from collections.abc import Iterable, Sequence
 
 from .confidence import ConfidenceConfig, effective_link
-from .cost_model import DecodeSide, PhaseCost, PrefillSide, decode_side, path_estimate, prefill_side
+from .cost_model import DecodeSide, PhaseCost, PrefillSide, decode_side, path_estimate, prefill_side, transfer_dollars
 from .filters import kv_handover, path_filter, required_quality
 from .paths import candidate_pairs, every_pair, prunes
 from .phase_view import phase_costs
@@ -144,24 +145,42 @@ def _rank_keys(paths: list[PathEstimate], scores: list[float], totals: Sequence[
     ]
 
 
+def _walkable(paths: list[PathEstimate], best: int, config: RouterConfig) -> frozenset[int] | None:
+    """The paths the picker may walk to from the best-scored one (``best``) to explore a pool or
+    to keep a pool within its traffic share: those whose KV transfer costs at most the best
+    path's own transfer plus ``walk_transfer_share`` of the best path's dollars. None (every path)
+    when moving KV is free. Measuring a pool and spreading load are worth a little money, never a
+    transfer that costs more than the work; only the scores may choose to pay for one."""
+    price = config.transfer_usd_per_gb
+    if price <= 0.0:
+        return None
+    chosen = paths[best]
+    allowance = transfer_dollars(chosen.kv_bytes, price) + config.walk_transfer_share * (chosen.cost or 0.0)
+    return frozenset(i for i, e in enumerate(paths) if transfer_dollars(e.kv_bytes, price) <= allowance + 1e-15)
+
+
 def _pick(
-    keys: list[RankKey], model: str, state: RouterState, config: RouterConfig, rng: random.Random, draw: float,
-    pools_used: set[str],
+    keys: list[RankKey], paths: list[PathEstimate], model: str, state: RouterState, config: RouterConfig,
+    rng: random.Random, draw: float, pools_used: set[str],
 ) -> tuple[int, bool, int]:
     """(chosen path index, whether it was an exploration pick, how many better paths were passed
-    over); ``keys``: ``_rank_keys`` of the paths; ``pools_used``: every pool some path uses."""
+    over); ``keys``: ``_rank_keys`` of ``paths``; ``pools_used``: every pool some path uses. Walks
+    away from the best path go only to ``_walkable`` paths."""
+    best = min(keys)
+    allowed = _walkable(paths, best[-1], config)
     if draw < config.exploration_share:
         explorable = sorted(pools_used)
         if len(explorable) > 1:
             target = explorable[rng.randrange(len(explorable))]
-            return min(k for k in keys if target == k[3] or target == k[4])[-1], True, 0
-    best = min(keys)
+            through = [k for k in keys if (target == k[3] or target == k[4]) and (allowed is None or k[-1] in allowed)]
+            if through:
+                return min(through)[-1], True, 0
     over_p = state.over_budget(model, Phase.PREFILL, config)
     over_d = state.over_budget(model, Phase.DECODE, config)
     if best[3] not in over_p and best[4] not in over_d:
         return best[-1], False, 0
     for n, k in enumerate(sorted(keys)):
-        if k[3] not in over_p and k[4] not in over_d:
+        if k[3] not in over_p and k[4] not in over_d and (allowed is None or k[-1] in allowed):
             return k[-1], False, n
     return best[-1], False, 0
 
@@ -192,7 +211,8 @@ def route(
     scores, columns = score_paths(x)
     prefill_pools, decode_pools = {e[0] for e in paths}, {e[1] for e in paths}
     keys = _rank_keys(paths, scores, x.totals, request.model, state, prefill_pools, decode_pools)
-    chosen, explored, passed_over = _pick(keys, request.model, state, config, rng, draw, prefill_pools | decode_pools)
+    chosen, explored, passed_over = _pick(keys, paths, request.model, state, config, rng, draw,
+                                          prefill_pools | decode_pools)
     e = paths[chosen]
     rival = min((k for k in keys if (k[3] == k[4]) is not e.colocated), default=None)
     return RoutingDecision(

@@ -73,6 +73,12 @@ class RouterConfig:
     """Dollars per GB of KV moved between two pools (egress between sites or zones; 0 when the
     pools share a network that costs nothing per byte). Added to a disaggregated path's dollars,
     so the cost scorer weighs it against the time disaggregation saves."""
+    walk_transfer_share: float = 0.1
+    """When the picker walks away from the best-scored path (an exploration pick, or the best's
+    pool above its traffic share), it takes no path whose KV transfer costs more than the best
+    path's own transfer plus this share of the best path's dollars: measuring a pool or spreading
+    load is worth a little money, not a transfer dearer than the work (no effect when transfer
+    is free)."""
     relax_room_when_empty: bool = True
     """If no pool has a worker with room for the request's KV now, queue it on a pool that can
     hold it once room frees rather than place it nowhere (a large request would otherwise
@@ -85,6 +91,8 @@ class RouterConfig:
         _checks.non_negative(owner, "disaggregation_candidates", self.disaggregation_candidates)
         _checks.non_negative(owner, "transfer_usd_per_gb", self.transfer_usd_per_gb)
         _checks.finite(owner, "transfer_usd_per_gb", self.transfer_usd_per_gb)
+        _checks.non_negative(owner, "walk_transfer_share", self.walk_transfer_share)
+        _checks.finite(owner, "walk_transfer_share", self.walk_transfer_share)
         for name in ("max_error_rate", "max_share_step"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{owner}.{name} must be > 0, got {getattr(self, name)!r}")

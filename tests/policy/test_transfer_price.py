@@ -53,3 +53,59 @@ def test_the_router_colocates_once_moving_the_kv_costs_more_than_disaggregating_
 def test_a_bad_transfer_price_is_refused_with_its_value(bad):
     with pytest.raises(ValueError, match="transfer_usd_per_gb"):
         RouterConfig(transfer_usd_per_gb=bad)
+
+
+class _SharesOver(RouterState):
+    """A router state in which the named pools have run ahead of their traffic share, per phase."""
+
+    def __init__(self, over: dict[Phase, frozenset[str]]) -> None:
+        super().__init__()
+        self.over = over
+
+    def over_budget(self, model, phase, config):
+        return self.over.get(phase, frozenset())
+
+
+def _two_pools(mk):
+    """a and b colocate alike; b -> a moves the prompt's KV (512 kB) over a fast link."""
+    pools = [mk.pool("a", price=4.0), mk.pool("b", price=4.0, queue_tokens=2_000)]
+    rows = [*mk.both("a", 1000.0), *mk.both("b", 1000.0)]
+    links = [LinkProfile(s, d, 1e9, 0.001, 1000, mk.NOW) for s, d in (("a", "b"), ("b", "a"))]
+    return pools, mk.table(*rows, links=links)
+
+
+@pytest.mark.parametrize(("usd_per_gb", "walk_share", "walks_to_transfer"),
+                         [(0.0, 0.1, True), (50.0, 0.1, False), (50.0, 1e6, True)])
+def test_keeping_pools_within_their_share_never_buys_a_transfer_dearer_than_the_work(mk, usd_per_gb, walk_share,
+                                                                                     walks_to_transfer):
+    # The best path is colocated on a. a has taken more than its prefill share and b more than its
+    # decode share, so the only path within both budgets is b -> a, which moves the KV: free, the
+    # picker walks there; at $50/GB ($0.026, far over a tenth of the path's dollars) it stays.
+    pools, table = _two_pools(mk)
+    state = _SharesOver({Phase.PREFILL: frozenset({"a"}), Phase.DECODE: frozenset({"b"})})
+    config = RouterConfig(exploration_share=0.0, transfer_usd_per_gb=usd_per_gb, walk_transfer_share=walk_share)
+    d = route(mk.req(), pools, table, state, config, mk.NOW, random.Random(0))
+    assert (d.prefill_pool, d.decode_pool) == (("b", "a") if walks_to_transfer else ("a", "a")), d.reason
+    assert (d.passed_over > 0) is walks_to_transfer
+
+
+@pytest.mark.parametrize(("walk_share", "explores_cheap"), [(0.1, False), (1e6, True)])
+def test_exploration_skips_a_pool_it_could_reach_only_through_a_priced_transfer(mk, walk_share, explores_cheap):
+    # Every decision explores. cheap only decodes, so reaching it moves the KV: at $50/GB the
+    # picker explores gpu only (its colocated path) unless the walk may spend without bound.
+    pools, rows, link = _fleet(mk)
+    config = RouterConfig(exploration_share=1.0, transfer_usd_per_gb=50.0, walk_transfer_share=walk_share)
+    table, rng = mk.table(*rows, links=[link]), random.Random(5)
+    decisions = [route(mk.req(f"r{i}"), pools, table, RouterState(), config, mk.NOW, rng) for i in range(200)]
+    on_cheap = sum(d.decode_pool == "cheap" for d in decisions)
+    assert all(d.colocated or d.decode_pool == "cheap" for d in decisions)
+    if explores_cheap:
+        assert 60 <= on_cheap <= 140 and all(d.explored for d in decisions if d.decode_pool == "cheap")
+    else:
+        assert on_cheap == 0
+
+
+@pytest.mark.parametrize("bad", [-0.5, float("inf"), float("nan")])
+def test_a_bad_walk_transfer_share_is_refused_with_its_value(bad):
+    with pytest.raises(ValueError, match="walk_transfer_share"):
+        RouterConfig(walk_transfer_share=bad)
