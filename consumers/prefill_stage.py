@@ -3,11 +3,13 @@
 Life of a ``prefill_work`` item here: ``accept`` tokenizes the prompt and asks the engine
 whether it can run at all (model loaded, prompt + max_tokens within the context, KV within
 the memory budget); an impossible item is refused with the engine's reason (it goes to the
-dead-letter topic). Accepted items wait in the micro-batch until it holds ``max_batch``
-items or ``max_batch_tokens`` prompt tokens (the token budget: ``prefill_budget`` derives it
-from the pool's measured profile), or the first has waited ``max_wait_s``; ``run`` then
-prefills them together (one batch = one telemetry record) and returns each item's KV, first
-token and timings to the worker. ``run(chunk_tokens)`` runs only the next chunk of about
+dead-letter topic). Accepted items wait until the waiting ones hold ``max_batch`` items or
+``max_batch_tokens`` prompt tokens (the token budget: ``prefill_budget`` derives it from the
+pool's measured profile), or the first has waited ``max_wait_s``; ``run`` then prefills one
+micro-batch (``pick_batch``: the oldest waiting item and those nearest its length, within the
+budget and a padding bound, since a batch computes every prompt at its longest one's length)
+together (one batch = one telemetry record) and returns each item's KV, first token and
+timings to the worker. ``run(chunk_tokens)`` runs only the next chunk of about
 that many padded tokens and returns None until the batch's last chunk: a colocated worker
 calls it between decode steps, so its decode batch never waits for a whole prefill. A FORCED drift canary (``canary`` set) carries a
 ``TokenProbe``: its first token is forced and position 0 is traced (``probe_of``).
@@ -47,6 +49,34 @@ class MicroBatchLimits:
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_batch_tokens < 1 or self.max_wait_s < 0:
             raise ValueError(f"invalid micro-batch limits {self}")
+
+
+MAX_PADDING_SHARE = 0.25
+"""A micro-batch's padding (positions computed beyond each prompt's end) stays within this
+share of its padded positions: prompts of very different lengths are not batched together."""
+
+
+def pick_batch(lengths: list[int], max_items: int, budget_tokens: int,
+               max_padding_share: float = MAX_PADDING_SHARE) -> list[int]:
+    """Indices (into ``lengths``, the waiting prompts' token counts, oldest first) of the next
+    micro-batch: the oldest prompt always (so none waits behind newer ones for ever), then the
+    others nearest its length (the older first on a tie) while the batch has at most
+    ``max_items`` prompts and ``budget_tokens`` prompt tokens and its padding share stays within
+    ``max_padding_share``. Returned oldest first."""
+    if not lengths:
+        return []
+    head = lengths[0]
+    chosen, tokens, longest = [0], head, head
+    for i in sorted(range(1, len(lengths)), key=lambda j: (abs(lengths[j] - head), j)):
+        n = lengths[i]
+        wider = max(longest, n)
+        if len(chosen) >= max_items or tokens + n > budget_tokens:
+            break
+        if 1.0 - (tokens + n) / (wider * (len(chosen) + 1)) > max_padding_share:
+            continue  # a prompt farther from the head's length than this one may still fit
+        chosen.append(i)
+        tokens, longest = tokens + n, wider
+    return sorted(chosen)
 
 
 @dataclass
@@ -132,15 +162,11 @@ class PrefillStage:
         return [(w.item, r) for w, r in zip(batch, results)], telemetry
 
     def _start(self) -> None:
-        """Take one micro-batch (within the token budget) off the queue and start its prefill job."""
-        batch: list[_Waiting] = []
-        tokens, budget = 0, self.budget.tokens()
-        for waiting in self.waiting:
-            if batch and (len(batch) >= self.limits.max_batch or tokens + len(waiting.token_ids) > budget):
-                break
-            batch.append(waiting)
-            tokens += len(waiting.token_ids)
-        self.waiting = self.waiting[len(batch):]
+        """Take one micro-batch (``pick_batch``) off the queue and start its prefill job."""
+        picked = pick_batch([len(w.token_ids) for w in self.waiting], self.limits.max_batch, self.budget.tokens())
+        batch = [self.waiting[i] for i in picked]
+        taken = set(picked)
+        self.waiting = [w for i, w in enumerate(self.waiting) if i not in taken]
         self.first_at = time.time() if self.waiting else None
         self.job_started = time.time()
         self.running = batch

@@ -151,7 +151,7 @@ def _pipeline(settings: Any, setup: str, texts: list[str], work: list[tuple[list
             "breakdown": {
                 "processes": processes_cpu,
                 "pool_phases": breakdown.pool_phases(settings, submitted, until),
-                **breakdown.requests_and_canaries(settings, job_id, submitted, submitted, until),
+                **breakdown.requests_and_canaries(settings, job_id, submitted, submitted, until, [p.name for p in pools]),
                 **breakdown.attempts(settings, job_id, submitted, until, [p.name for p in pools]),
                 "telemetry_rows_inserted": rows,
                 "telemetry_cpu_ms_per_row": round(1e3 * telemetry_cpu / max(1, rows), 2),

@@ -142,8 +142,11 @@ def attempts(settings: Settings, job_id: str, since: float, until: float, pools:
             "canary_prefill_work_sent": canaries, "canary_prefill_work_prompt_tokens": canary_tokens}
 
 
-def requests_and_canaries(settings: Settings, job_id: str, submitted: float, since: float, until: float) -> dict[str, Any]:
-    """Per request: time in the system vs compute, Kafka hops; canaries that ran in the window."""
+def requests_and_canaries(settings: Settings, job_id: str, submitted: float, since: float, until: float,
+                          pools: list[str]) -> dict[str, Any]:
+    """Per request: time in the system vs compute, Kafka hops; canaries that ran on ``pools`` in
+    the window (a canary failed without running, e.g. one a restarted control plane restored
+    for a pool of an earlier stack, names no pool and cost no compute: not counted)."""
     first: dict[str, dict[str, Any]] = {}
     results = [r for r in _records(settings, RESULTS_TOPIC, since) if r["job_id"] == job_id]
     for r in results:
@@ -152,7 +155,8 @@ def requests_and_canaries(settings: Settings, job_id: str, submitted: float, sin
     in_system = [r["completed_at"] / 1000 - submitted for r in first.values()]
     compute = [r["prefill_time_s"] + r["kv_transfer_s"] + r["decode_time_s"] for r in first.values()]
     colocated = sum(1 for r in first.values() if r["colocated"])
-    canaries = [r for r in _records(settings, CANARY_RESULTS_TOPIC, since) if r["completed_at"] / 1000 <= until]
+    canaries = [r for r in _records(settings, CANARY_RESULTS_TOPIC, since)
+                if r["completed_at"] / 1000 <= until and (r["prefill_pool"] in pools or r["decode_pool"] in pools)]
     job_prompt = sum(r["prompt_tokens"] for r in first.values())
     canary_prompt = sum(r["prompt_tokens"] for r in canaries)
     canary_out = sum(r["completion_tokens"] for r in canaries)
