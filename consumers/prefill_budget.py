@@ -9,8 +9,10 @@ more throughput. On a CPU, where prefill is compute-bound, that is usually a bat
 Life of the budget in a worker: at start ``load_prefill_curve`` reads the pool's PREFILL row
 from ``profiles`` (bounded by a timeout; none found: the configured ``max_batch_tokens`` stays);
 ``TokenBudget.observe`` keeps the running mean of the prompts the worker accepted, and
-``tokens()`` is efficient batch x mean prompt tokens, within ``[1 prompt, max_batch_tokens]``.
-``efficient_batch_size`` and ``TokenBudget`` are pure; only the loader touches Kafka.
+``tokens()`` is efficient batch x mean prompt tokens, within ``[1 prompt, max_batch_tokens]``
+(``budget_batch_size``: a curve still rising at its largest measured batch leaves the ceiling).
+``efficient_batch_size``, ``budget_batch_size`` and ``TokenBudget`` are pure; only the loader
+touches Kafka.
 """
 
 from __future__ import annotations
@@ -35,6 +37,17 @@ def efficient_batch_size(curve: Sequence[tuple[int, float]], share: float = EFFI
         return None
     best = max(t for _, t in points)
     return next(b for b, t in points if t >= share * best)
+
+
+def budget_batch_size(curve: Sequence[tuple[int, float]], share: float = EFFICIENT_SHARE) -> int | None:
+    """The efficient batch the worker's token budget uses: ``efficient_batch_size``, or None (the
+    configured ceiling) when that is the largest batch the curve measured. The curve was still
+    rising there, so nothing says a larger batch is not faster: the quick cold-start profile
+    measures batches 1 and 4 only, and on this CPU a batch of 8 equal prompts is faster still."""
+    efficient = efficient_batch_size(curve, share)
+    if efficient is None or efficient >= max(int(b) for b, t in curve if b >= 1 and t > 0):
+        return None
+    return efficient
 
 
 @dataclass

@@ -24,7 +24,7 @@ from phaseroute.consumers.heartbeat import Heartbeat, WorkerIdentity, kv_format_
 from phaseroute.consumers.loop import LoopConfig, WorkerLoop
 from phaseroute.consumers.machine import default_threads
 from phaseroute.consumers.phase_handler import KVBitflips, PhaseHandler, WorkerSpec
-from phaseroute.consumers.prefill_budget import efficient_batch_size, load_prefill_curve
+from phaseroute.consumers.prefill_budget import budget_batch_size, load_prefill_curve
 from phaseroute.consumers.prefill_stage import MicroBatchLimits
 from phaseroute.infra.topics import (
     HEARTBEAT_TOPIC,
@@ -102,7 +102,7 @@ def build_phase_worker(settings: Settings, opts: WorkerOptions, executor: Any = 
     efficient_batch = None
     if opts.phase in ("prefill", "both") and opts.budget_from_profile:
         curve = load_prefill_curve(settings.bootstrap_servers, PROFILES_TOPIC, executor.model_name, opts.pool, opts.variant)
-        efficient_batch = efficient_batch_size(curve)
+        efficient_batch = budget_batch_size(curve)
         log.info("prefill token budget: efficient batch %s from the profile curve %s", efficient_batch, curve)
     spec = WorkerSpec(
         pool=opts.pool, worker_id=worker_id, variant=opts.variant,

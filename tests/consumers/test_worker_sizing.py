@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from phaseroute.consumers.machine import WorkerShare, default_threads, plan_pools, usable_cores
-from phaseroute.consumers.prefill_budget import TokenBudget, efficient_batch_size
+from phaseroute.consumers.prefill_budget import TokenBudget, budget_batch_size, efficient_batch_size
 
 
 def test_one_pool_on_two_cores_is_one_worker_with_both_cores() -> None:
@@ -42,6 +42,13 @@ def test_efficient_batch_is_the_smallest_reaching_ninety_percent_of_the_best() -
     assert efficient_batch_size([(8, 3000.0), (1, 500.0), (4, 2800.0), (16, 3100.0)]) == 4  # unsorted input
     assert efficient_batch_size([(8, 3000.0), (1, 500.0), (4, 2700.0), (16, 3100.0)]) == 8
     assert efficient_batch_size([]) is None and efficient_batch_size([(0, 5.0), (2, 0.0)]) is None
+
+
+def test_a_curve_still_rising_at_its_largest_batch_leaves_the_budget_at_the_ceiling() -> None:
+    assert budget_batch_size([(1, 292.5), (4, 471.9)]) is None  # the quick cold-start grid on this machine
+    assert budget_batch_size([(1, 500.0), (4, 2800.0), (8, 3000.0), (16, 3100.0)]) == 4  # flattened past 4
+    assert budget_batch_size([(1, 410.0), (4, 440.0)]) == 1  # compute-bound: batching adds nothing
+    assert budget_batch_size([(1, 300.0)]) is None and budget_batch_size([]) is None
 
 
 def test_token_budget_follows_the_mean_prompt_within_the_ceiling() -> None:
