@@ -1,13 +1,17 @@
 """The prefill micro-batch's token budget, from the pool's measured profile.
 
-A pool's PREFILL profile row (the compacted ``profiles`` topic: cold-start profiler or live
-telemetry) carries a batch curve, prompt tokens/s by requests per batch. The efficient batch is
+A pool's PREFILL PROFILER row (the cold-start profiler's grid, on the compacted ``profiles``
+topic) carries a batch curve, prompt tokens/s by requests per batch, measured over prompts of
+one length. The TELEMETRY row of the same pool is not used: live batches mix lengths, and the
+short prompts (and the drift monitor's canaries) are the ones that fill large batches, so its
+large-batch points are slow because their prompts are short, not because the batch is large;
+sizing from it drifted a worker down to batches of one. The efficient batch is
 the smallest batch size whose throughput reaches ``EFFICIENT_SHARE`` of the best measured one:
 a bigger batch only adds waiting (the first item waits for the rest) and padding, for little
 more throughput. On a CPU, where prefill is compute-bound, that is usually a batch of one.
 
-Life of the budget in a worker: at start ``load_prefill_curve`` reads the pool's PREFILL row
-from ``profiles`` (bounded by a timeout; none found: the configured ``max_batch_tokens`` stays);
+Life of the budget in a worker: at start ``load_prefill_curve`` reads the pool's PREFILL
+PROFILER row from ``profiles`` (bounded by a timeout; none found: the configured ``max_batch_tokens`` stays);
 ``TokenBudget.observe`` keeps the running mean of the prompts the worker accepted, and
 ``tokens()`` is efficient batch x mean prompt tokens, within ``[1 prompt, max_batch_tokens]``
 (``budget_batch_size``: a curve still rising at its largest measured batch leaves the ceiling).
@@ -24,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from phaseroute.schemas.enums import Phase
+from phaseroute.schemas.enums import Phase, ProfileSource
 
 log = logging.getLogger(__name__)
 EFFICIENT_SHARE = 0.9  # of the best measured prefill tokens/s
@@ -69,8 +73,10 @@ class TokenBudget:
         return max(1, min(self.ceiling, round(self.efficient_batch * self.mean_prompt_tokens)))
 
 
-def load_prefill_curve(bootstrap: str, topic: str, model: str, pool: str, variant: str, timeout_s: float = 5.0) -> list[tuple[int, float]]:
-    """The batch curve of the newest PREFILL row for (model, pool, variant) on ``topic``; [] if none in time."""
+def load_prefill_curve(bootstrap: str, topic: str, model: str, pool: str, variant: str, timeout_s: float = 5.0,
+                       source: ProfileSource = ProfileSource.PROFILER) -> list[tuple[int, float]]:
+    """The batch curve of the newest PREFILL row of ``source`` for (model, pool, variant) on
+    ``topic``; [] if none in time."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     from phaseroute.infra.kafka_security import with_cluster_config
@@ -99,7 +105,8 @@ def load_prefill_curve(bootstrap: str, topic: str, model: str, pool: str, varian
                     log.debug("skipping an undecodable profile row: %s", exc)
                     continue
                 key = (row["model"], str(row["phase"]), row["pool"], row["variant"])
-                if key == (model, Phase.PREFILL.value, pool, variant) and row["batch_curve"]:
+                if key == (model, Phase.PREFILL.value, pool, variant) and row["source"] == source.value \
+                        and row["batch_curve"]:
                     if best is None or row["updated_at"] >= best["updated_at"]:
                         best = row
     except Exception as exc:
