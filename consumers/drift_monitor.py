@@ -38,6 +38,7 @@ from phaseroute.engine.canaries import Canary, CanarySet, load_canaries
 from phaseroute.engine.drift import DriftMetrics, aggregate, canary_drift
 from phaseroute.engine.errors import UnknownNameError
 from phaseroute.infra import topics
+from phaseroute.infra.kafka_offsets import end_offsets
 from phaseroute.infra.kafka_security import with_cluster_config
 from phaseroute.schemas.ids import CANARY_TENANT, profile_key, request_id
 from phaseroute.streams.policy import Phase, PoolState
@@ -341,9 +342,8 @@ class MonitorService:
             "bootstrap.servers": self.bootstrap, "group.id": f"drift-monitor-{uuid.uuid4().hex}",
             "enable.auto.commit": False, "fetch.wait.max.ms": 100}))
         parts = self.consumer.list_topics(CANARY_RESULTS_TOPIC, timeout=15).topics[CANARY_RESULTS_TOPIC].partitions
-        ends = [TopicPartition(CANARY_RESULTS_TOPIC, p) for p in parts]
-        self.consumer.assign([TopicPartition(t.topic, t.partition, self.consumer.get_watermark_offsets(t, timeout=10)[1])
-                              for t in ends])
+        ends = end_offsets(self.consumer, [TopicPartition(CANARY_RESULTS_TOPIC, p) for p in parts])
+        self.consumer.assign([TopicPartition(CANARY_RESULTS_TOPIC, p, end) for p, end in ends.items()])
 
     def run_once(self, poll_s: float = 0.5, now: float | None = None) -> None:
         from phaseroute.schemas.deadletter import Rejected, safe_decode

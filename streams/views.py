@@ -19,6 +19,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from phaseroute.infra.kafka_offsets import end_offsets
 from phaseroute.infra.kafka_security import with_cluster_config
 from phaseroute.schemas.deadletter import Rejected, safe_decode
 from phaseroute.streams.policy import LinkProfile, PathQuality, Phase, PoolState, ProfileRow, ProfileTable
@@ -39,7 +40,7 @@ class TopicFollower:
     def start(self) -> None:
         metadata = self.consumer.list_topics(self.topic, timeout=15).topics[self.topic]
         parts = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in metadata.partitions]
-        self._ends = {p.partition: self.consumer.get_watermark_offsets(p, timeout=10)[1] for p in parts}
+        self._ends = end_offsets(self.consumer, parts)
         self.consumer.assign(parts)
         self._thread.start()
 

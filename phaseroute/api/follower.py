@@ -32,9 +32,11 @@ class Follower:
     def start(self) -> None:
         from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
+        from phaseroute.infra.kafka_offsets import end_offsets
+
         meta = self.consumer.list_topics(self.topic, timeout=15).topics[self.topic]
         parts = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in meta.partitions]
-        self._ends = {p.partition: self.consumer.get_watermark_offsets(p, timeout=10)[1] for p in parts}
+        self._ends = end_offsets(self.consumer, parts)
         self.consumer.assign(parts)
         self._thread.start()
 

@@ -77,6 +77,8 @@ def read_latest(bootstrap: str, topic: str, kind: str, key_of: Callable[[dict[st
         TopicPartition,
     )
 
+    from phaseroute.infra.kafka_offsets import end_offsets
+
     consumer = Consumer(client_config(bootstrap, **{
         "group.id": f"read-{uuid.uuid4().hex}", "enable.auto.commit": False, "fetch.wait.max.ms": 50}))
     try:
@@ -85,7 +87,7 @@ def read_latest(bootstrap: str, topic: str, kind: str, key_of: Callable[[dict[st
             if meta.error is not None:
                 raise RuntimeError(f"topic {topic!r} is not there ({meta.error.str()}); run `phaseroute up` or provision the topics")
             parts = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions]
-            ends = {p.partition: consumer.get_watermark_offsets(p, timeout=timeout_s)[1] for p in parts}
+            ends = end_offsets(consumer, parts, timeout_s)
         except KafkaException:
             raise _unavailable(bootstrap, f"reading {topic}", timeout_s) from None
         consumer.assign(parts)
