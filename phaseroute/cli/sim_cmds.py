@@ -9,11 +9,12 @@ Register in the main CLI with::
 ``phaseroute sim --workload W --fleet F [--policy all] [--load 0.7] --json`` prints one JSON
 document: every policy's metrics and the LP bound. Subcommands: ``capacity`` (capacity at SLO
 per policy and the bound, over seeds: the headline), ``report`` (capacity, load sweep,
-scenarios, plots), ``scenario stale|loss|transfer``, ``bench`` (1M requests on 1,000
-accelerators), ``bench-bound`` (time of the LP bound at 2,000 jobs), ``calibrate``
-(efficiency factors from measured profiles). Every ``--json`` (and every command that only
-prints JSON) writes exactly one JSON document to standard output; progress and solver output
-never go there (progress to standard error, the solver's own lines nowhere: sim/solver_io.py).
+scenarios, plots), ``scenario stale|loss|transfer``, ``drift`` (detection time of a lossy path
+against the canary share), ``bench`` (1M requests on 1,000 accelerators), ``bench-bound``
+(time of the LP bound at 2,000 jobs), ``calibrate`` (efficiency factors from measured
+profiles). Every ``--json`` (and every command that only prints JSON) writes exactly one JSON
+document to standard output; progress and solver output never go there (progress to standard
+error, the solver's own lines nowhere: sim/solver_io.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import typer
 
 from phaseroute.cli.common import json_stdout
 from phaseroute.cli.fuzz_cmd import fuzz, tick_bench
+from phaseroute.cli.sim_drift_cmd import drift
 from phaseroute.sim.errors import SimError
 
 sim_app = typer.Typer(help="Fleet simulator: the phaseroute policy at fleet scale, against baselines and an LP bound.",
@@ -264,6 +266,7 @@ def scenario(
 
 sim_app.command("fuzz")(fuzz)
 sim_app.command("tick-bench")(tick_bench)
+sim_app.command("drift")(drift)
 
 
 @sim_app.command("bench")
