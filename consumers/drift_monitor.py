@@ -14,7 +14,8 @@ leaves a HEALTHY path as it was — frequent for new or changing paths, rare for
    places each on exactly its path, so the prefill worker, the KV store and the decode worker of
    the production path run it; results come back on ``canary.results``.
 2. ``on_result``: a result joins its open round by request id.
-3. ``close_due``: once every result is in (or ``round_timeout_s`` passed), the round's drift is
+3. ``close_due``: once every result is in (or ``round_timeout_s`` passed and those in can decide,
+   or ``round_give_up_s`` passed), the round's drift is
    computed against the reference (``engine.drift``), the quality policy steps the path's state
    (``streams.policy.quality``), and the monitor publishes a ``drift_measurement``
    (``telemetry.drift``, stored in ClickHouse by the telemetry sink), the path's quality row
@@ -62,7 +63,13 @@ class MonitorConfig:
     max_interval_s: float = 960.0
     """...doubling per round that leaves a HEALTHY path as it was, up to this."""
     round_timeout_s: float = 180.0
-    """A round closes with the results it has after this long (lost canaries count as missing)."""
+    """A round closes with the results it has after this long (lost canaries count as missing),
+    when they are enough to decide (``quality.min_positions``)..."""
+    round_give_up_s: float = 960.0
+    """...else it waits for its late canaries up to this long. The fair scheduler releases canaries
+    within a small share, so on a saturated slow pool a round can outlast the timeout: closing it
+    then dropped the canaries already run and started the round again (at a 1% share on this
+    machine's engine no round ever decided; ``phaseroute sim drift``)."""
     canaries: int = 8
     """Canaries of the set run per path and round (the first N; each runs GREEDY and FORCED)."""
     quality: QualityConfig = field(default_factory=QualityConfig)
@@ -71,6 +78,11 @@ class MonitorConfig:
     profiles_topic: str = PROFILES_TOPIC
     drift_topic: str = DRIFT_TOPIC
     alerts_topic: str = ALERTS_TOPIC
+
+    def __post_init__(self) -> None:
+        if not 0 < self.round_timeout_s <= self.round_give_up_s:
+            raise ValueError(f"MonitorConfig needs 0 < round_timeout_s <= round_give_up_s, got "
+                             f"{self.round_timeout_s!r} and {self.round_give_up_s!r}")
 
 
 @dataclass(frozen=True)
@@ -257,13 +269,24 @@ class DriftMonitor:
         return True
 
     def close_due(self, now: float) -> list[OpenRound]:
-        """Close complete or timed-out rounds: measure, step the policy, publish."""
-        due = {id(r): r for r in self.open.values() if r.complete() or now - r.started_at >= self.config.round_timeout_s}
+        """Close complete rounds, timed-out ones that can decide, and those past their give-up
+        time: measure, step the policy, publish."""
+        due = {id(r): r for r in self.open.values() if self._due(r, now)}
         for rnd in due.values():
             for rid in rnd.expected:
                 self.open.pop(rid, None)
             self._close(rnd, now)
         return list(due.values())
+
+    def _due(self, rnd: OpenRound, now: float) -> bool:
+        age = now - rnd.started_at
+        if rnd.complete() or age >= self.config.round_give_up_s:
+            return True
+        if age < self.config.round_timeout_s:
+            return False
+        cs = self.canary_set(rnd.path.model)
+        metrics = round_metrics(cs, rnd) if cs is not None else None
+        return metrics is not None and metrics.positions >= self.config.quality.min_positions
 
     def _close(self, rnd: OpenRound, now: float) -> None:
         p, cs = rnd.path, self.canary_set(rnd.path.model)

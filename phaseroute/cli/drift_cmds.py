@@ -33,7 +33,10 @@ VARIANTS = ("fp32", "bf16", "int8-weight", "int8-dynamic")
 @long_running(lambda _kw: "drift")
 def monitor(
     interval_s: float = typer.Option(60.0, "--interval-s", help="Seconds between two canary rounds on one path."),
-    round_timeout_s: float = typer.Option(180.0, "--round-timeout-s", help="A round closes with what came back after this long."),
+    round_timeout_s: float = typer.Option(180.0, "--round-timeout-s",
+                                          help="A round closes with what came back after this long, if that can decide..."),
+    round_give_up_s: float = typer.Option(960.0, "--round-give-up-s",
+                                          help="...else it waits for late canaries up to this long."),
     canaries: int = typer.Option(8, "--canaries", min=1, help="Canaries per path and round (each runs greedy and forced)."),
     pool: list[str] = typer.Option([], "--pool", help="Measure only paths between these pools (repeat; default: all live pools)."),
     demote_after: int = typer.Option(1, "--demote-after", min=1, help="Failing rounds in a row that demote a path from EXACT work."),
@@ -46,7 +49,8 @@ def monitor(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = current_settings()
     with errors_as_messages(ValueError):
-        config = MonitorConfig(interval_s=interval_s, round_timeout_s=round_timeout_s, canaries=canaries,
+        config = MonitorConfig(interval_s=interval_s, round_timeout_s=round_timeout_s, round_give_up_s=round_give_up_s,
+                               canaries=canaries,
                                quality=QualityConfig(demote_after=demote_after, recover_after=recover_after),
                                only_pools=tuple(pool))
     service = MonitorService(settings.bootstrap_servers, config)

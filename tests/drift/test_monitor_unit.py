@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from phaseroute.consumers.drift_monitor import DriftMonitor, MonitorConfig, paths_of
 from phaseroute.engine.canaries import load_canaries
 from phaseroute.schemas import serde
@@ -109,10 +111,24 @@ def test_a_round_closes_on_timeout_with_what_came_back() -> None:
     [record] = sink.of("drift_measurement")
     assert (record["canaries_sent"], record["canaries_received"]) == (4, 2)
     assert record["positions"] == len(load_canaries(MODEL).canaries[0].tokens) == 8  # min_positions is 8
-    # nothing came back at all: no record, no verdict
+    # nothing came back in time: the round waits for its late canaries (a small canary share on a
+    # saturated pool), and no new round of the path starts meanwhile
     monitor.dispatch(POOLS[2:3], NOW + 100)
-    monitor.close_due(NOW + 200)
-    assert len(sink.of("drift_measurement")) == 1 and monitor.closed[-1][1] is None
+    late = sink.of("request")[4:]
+    assert monitor.close_due(NOW + 200) == [] and monitor.dispatch(POOLS[2:3], NOW + 200) == []
+    for w in late[:2]:
+        monitor.on_result(_answer(w))
+    assert len(monitor.close_due(NOW + 201)) == 1 and len(sink.of("drift_measurement")) == 2
+    # nothing came back by the give-up time: no record, no verdict
+    monitor.dispatch(POOLS[2:3], NOW + 300)
+    assert monitor.close_due(NOW + 300 + 959) == []
+    assert len(monitor.close_due(NOW + 300 + 960)) == 1
+    assert len(sink.of("drift_measurement")) == 2 and monitor.closed[-1][1] is None
+
+
+def test_a_round_timeout_longer_than_its_give_up_is_refused() -> None:
+    with pytest.raises(ValueError, match="round_timeout_s <= round_give_up_s, got 600 and 300"):
+        MonitorConfig(round_timeout_s=600, round_give_up_s=300)
 
 
 def test_rounds_are_frequent_for_new_or_moving_paths_and_rare_for_stable_ones() -> None:
