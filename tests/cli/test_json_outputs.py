@@ -52,6 +52,7 @@ CASES: dict[str, Case] = {
     "bench admission": Case(("bench", "admission", "--intake-only", "--lines", "200", "--json"), "model"),
     "sim fuzz": Case(("sim", "fuzz", "--seeds", "1", "--jobs", "3", "--json")),
     "sim tick-bench": Case(("sim", "tick-bench", "--queued", "2000", "--ticks", "20", "--json")),
+    "sim drift": Case(("sim", "drift", "--shares", "0.1", "--phases", "1", "--json")),
     "plan": Case(("plan", "--workload", "azure-mixed", "--catalogue", "cloud", "--max-requests", "300",
                   "--confirm", "1", "--json")),
     "bench engine": Case(("bench", "engine", "--prompts", "8", "--threads", "1", "--json"), "model"),
