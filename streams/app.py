@@ -50,7 +50,11 @@ from phaseroute.schemas.enums import DeadLetterStage
 from phaseroute.schemas.faust_codec import CODEC_NAME, Undecodable
 from phaseroute.streams.core import ControlCore
 from phaseroute.streams.edge import Send, ms
-from phaseroute.streams.faust_fixes import drain_table_writes_before_commits, read_uncommitted_partitions_from_the_start
+from phaseroute.streams.faust_fixes import (
+    drain_table_writes_before_commits,
+    keep_changelog_partitions_known,
+    read_uncommitted_partitions_from_the_start,
+)
 from phaseroute.streams.model_catalog import ModelInfo, load_model_info
 from phaseroute.streams.settings import core_config
 from phaseroute.streams.shell import RESTORED, ControlShell
@@ -109,6 +113,7 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
 
     drain_table_writes_before_commits(app)
     read_uncommitted_partitions_from_the_start(app)
+    keep_changelog_partitions_known(app)
 
     def topic(name: str, kind: str) -> faust.TopicT:
         return app.topic(name, key_serializer="raw", value_serializer=f"{CODEC_NAME}.{kind}")

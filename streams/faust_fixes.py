@@ -1,11 +1,14 @@
-"""Two corrections to faust-streaming (0.15.3, with aiokafka) that the control plane's exactly-once needs.
+"""Three corrections to faust-streaming (0.15.3, with aiokafka) that the control plane needs.
 
-Both were found by measurement on the real broker; each is applied to one app, at build time:
+Each was found by measurement on the real broker; each is applied to one app, at build time:
 
 - ``drain_table_writes_before_commits``: an offset commit waits until every buffered table
   write was sent, so a committed event's state changes are in the changelogs.
 - ``read_uncommitted_partitions_from_the_start``: an input partition the group never committed
   is read from its first record after a rebalance, not from wherever the fetcher happened to be.
+- ``keep_changelog_partitions_known``: a table write still finds its changelog's partition after
+  the producer's metadata forgot the changelog topic (which happens once any topic created after
+  the app started is sent to, such as the ``prefill.<pool>`` topic of a pool added to the stack).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import faust
+from faust.types import TP
 
 log = logging.getLogger(__name__)
 DRAIN_LIMIT_S = 120.0  # longest a commit waits for the table writes of the events it commits
@@ -78,3 +82,37 @@ def read_uncommitted_partitions_from_the_start(app: faust.App) -> None:
         return committed
 
     consumer.seek_to_committed = seek_to_committed_or_beginning  # type: ignore[method-assign]
+
+
+def keep_changelog_partitions_known(app: faust.App) -> None:
+    """Partition a table write by its changelog's declared partition count when the producer's
+    metadata no longer holds that topic, and have the producer track the topic from then on.
+
+    A table with ``use_partitioner=True`` picks the partition of each write synchronously, from
+    the aiokafka producer's cluster metadata. That metadata starts with every topic, but aiokafka
+    refreshes it for the topics it tracks only, and it starts tracking a topic only when a send
+    misses it: the first send to a topic created after the app started (the ``prefill.<pool>``
+    topic of a pool added to a running stack) leaves metadata that holds that topic alone. From
+    then on every table write whose changelog had not been sent to since raised ``TypeError:
+    'NoneType' object is not iterable`` (seen in a CI run: after a second ``phaseroute up`` added a
+    pool, the control plane failed every write of its dispatch ticks and result handlers, and then
+    hung on shutdown; ``tests/streams/test_faust_fixes.py`` reproduces it). The partition is the
+    producer's own partitioner over the declared count, so a key lands where it always did."""
+    producer = app.producer
+    key_partition = producer.key_partition
+
+    def key_partition_of_a_known_topic(topic: str, key: bytes) -> TP:
+        kafka = producer._ensure_producer()  # the aiokafka producer Faust drives
+        if kafka.client.cluster.partitions_for_topic(topic) is not None:
+            return key_partition(topic, key)
+        declared = {table.changelog_topic.get_topic_name(): table.changelog_topic.partitions or app.conf.topic_partitions
+                    for table in app.tables.values()}
+        if topic in declared:
+            kafka.client.add_topic(topic)  # tracked from now on: the refresh this starts brings it back
+            partitions = list(range(declared[topic]))
+            log.warning("producer metadata had lost changelog %s; partitioning its write over its %d declared "
+                        "partitions", topic, len(partitions))
+            return TP(topic, kafka._partitioner(key, partitions, partitions))
+        return key_partition(topic, key)
+
+    producer.key_partition = key_partition_of_a_known_topic  # type: ignore[method-assign]

@@ -8,6 +8,10 @@ waiting in a new partition of ``requests.pending`` processed 1 of them; the drif
 400 s for the rest. The loss itself depends on timing; what the correction changes does not, and
 is what these tests pin: after the rewind, a never-committed partition is read again from its
 start (the control core ignores records it has seen, as after a crash).
+
+The producer's metadata forgets every topic but the new one when the app first sends to a topic
+created after it started (a pool added to the running stack); a table write then found no
+partitions for its changelog and raised. With the correction it lands where it always did.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 pytestmark = [pytest.mark.kafka]
 APP = Path(__file__).with_name("faust_fresh_partition_app.py")
+LATE_TOPIC_APP = Path(__file__).with_name("faust_late_topic_app.py")
 PARTITIONS, WAITING = 2, 20
 
 
@@ -80,3 +85,54 @@ def test_faust_as_shipped_does_not_rewind_it(bootstrap: str, tmp_path: Path) -> 
     before, after = _run(bootstrap, as_is=True, tmp_path=tmp_path)
     print(f"\nFaust as shipped: {len(before)} records, then {len(after)} after the rewind")
     assert len(before) == PARTITIONS * WAITING and after == [], after
+
+
+def _run_late_topic(bootstrap: str, as_is: bool, tmp_path: Path) -> tuple[str, dict[int, int]]:
+    """The app's output, and how many changelog records of its one key each partition holds."""
+    tag = uuid.uuid4().hex[:8]
+    app_id, source = f"test-faust-late-{tag}", f"test.faust-late.{tag}"
+    changelog = f"{app_id}-counts-changelog"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(source, 2, 1)])[source].result(timeout=30)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(source, b"go", key=b"go")
+    producer.flush(60)
+    out = tmp_path / f"late-{'as-is' if as_is else 'fixed'}.out"
+    with open(out, "w") as stdout:
+        proc = subprocess.Popen([sys.executable, str(LATE_TOPIC_APP), bootstrap, app_id, source,
+                                 *(["--as-is"] if as_is else [])], stdout=stdout, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None and "done" not in out.read_text(errors="replace"):
+            time.sleep(0.5)
+    finally:
+        proc.kill()  # nothing to hand back: the test reads what was written
+        proc.wait(30)
+    try:
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-late-{tag}", "enable.auto.commit": False})
+        per_partition: dict[int, int] = {}
+        for partition in range(2):
+            low, high = consumer.get_watermark_offsets(TopicPartition(changelog, partition), timeout=30)
+            per_partition[partition] = high - low
+        consumer.close()
+    finally:
+        for future in admin.delete_topics([source, f"{source}.late", changelog]).values():
+            try:
+                future.result(timeout=30)
+            except Exception:
+                pass
+    return out.read_text(errors="replace"), per_partition
+
+
+def test_a_table_write_after_a_send_to_a_late_topic_lands_on_its_partition(bootstrap: str, tmp_path: Path) -> None:
+    text, per_partition = _run_late_topic(bootstrap, as_is=False, tmp_path=tmp_path)
+    assert "done" in text, text[-3000:]
+    assert all(f"write {n} ok" in text for n in (1, 2, 3)), text[-3000:]
+    assert sorted(per_partition.values()) == [0, 3], per_partition  # the three writes of one key, on one partition
+
+
+def test_faust_as_shipped_fails_that_write(bootstrap: str, tmp_path: Path) -> None:
+    """What the correction is for: as shipped, the write after the send raises."""
+    text, _ = _run_late_topic(bootstrap, as_is=True, tmp_path=tmp_path)
+    assert "write 1 ok" in text, text[-3000:]
+    assert "write 2 failed TypeError" in text, text[-3000:]
