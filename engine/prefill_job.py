@@ -6,8 +6,15 @@ next chunk of positions of the right-padded batch (about ``max_tokens`` padded t
 one position) through the model, continuing the same ``DynamicCache``; a row whose last prompt
 token falls in the chunk gets its logits (first token) there. The call that runs the last chunk
 returns every ``PrefillResult``; earlier calls return None. ``advance(None)`` runs everything
-left in one forward pass, which is exactly the unchunked prefill (no mask at all when every
-prompt has the same length: the kernel path ``generate()`` takes).
+left in one forward pass, which is exactly the unchunked prefill.
+
+No padding mask is passed, whatever the lengths: prompts are right-padded, so a pad position is
+later than every real position of its row and the causal mask alone keeps it out of every real
+token's attention. Each real position sees exactly its own prompt, through the maskless causal
+kernel ``generate()`` takes; what pad positions compute is never read (each row's KV is cut at
+its length, its logits taken at its last token). A padding mask sent the batch through the
+masked attention path, which repeats every grouped K/V head (measured on this machine:
+4 prompts of 100-128 tokens at 300 tok/s against 427 for 4 of 128).
 """
 
 from __future__ import annotations
@@ -32,12 +39,9 @@ class PrefillJob:
         self.ex, self.items, self.encoded, self.tokenize_s = executor, items, encoded, tokenize_s
         self.lengths = [len(ids) for ids in encoded]
         self.longest = max(self.lengths)
-        self.uniform = min(self.lengths) == self.longest
         self.input_ids = torch.full((len(encoded), self.longest), executor.pad_token_id, dtype=torch.long)
-        self.mask = torch.zeros((len(encoded), self.longest), dtype=torch.long)
-        for row, ids in enumerate(encoded):
+        for row, ids in enumerate(encoded):  # right-padded: see the module docstring
             self.input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            self.mask[row, : len(ids)] = 1
         self.cache = DynamicCache(config=executor.model.config)
         self.position = 0  # positions already run
         self.chunks = 0
@@ -67,12 +71,11 @@ class PrefillJob:
     def _forward(self, start: int, end: int) -> None:
         ex, device = self.ex, self.ex.device
         whole = start == 0 and end == self.longest
-        mask = None if self.uniform else self.mask[:, :end].to(device)
         positions = None if whole else torch.arange(start, end, device=device)[None].expand(len(self.encoded), -1)
         kwargs: dict[str, Any] = {} if positions is None else {"position_ids": positions}
         with torch.inference_mode():
             hidden = ex.decoder(
-                input_ids=self.input_ids[:, start:end].to(device), attention_mask=mask, use_cache=True,
+                input_ids=self.input_ids[:, start:end].to(device), attention_mask=None, use_cache=True,
                 **{ex.cache_kw: self.cache}, **kwargs,
             ).last_hidden_state
             rows = [r for r, n in enumerate(self.lengths) if start < n <= end]

@@ -38,3 +38,20 @@ def test_uniform_chunks_continue_positions(tiny: Any) -> None:
     [first, second] = job.advance(None) or []
     assert first.first_token == second.first_token == alone.first_token
     torch.testing.assert_close(first.kv.keys[1], alone.kv.keys[1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("chunk_tokens", [None, 37])
+def test_a_mixed_length_batch_gives_each_prompt_what_it_gets_alone(tiny: Any, chunk_tokens: int | None) -> None:
+    """Right padding without a padding mask: the causal mask alone keeps every row's pad positions
+    out of its real tokens' attention, so each prompt's first token and KV are its own."""
+    items = [PrefillItem(f"r{i}", 4, token_ids=tuple(p)) for i, p in enumerate(PROMPTS)]
+    job = tiny.start_prefill(items)
+    batched = None
+    while batched is None:
+        batched = job.advance(chunk_tokens)
+    for item, got in zip(items, batched):
+        [alone] = tiny.prefill([item])
+        assert (got.first_token, got.prompt_len) == (alone.first_token, alone.prompt_len), item.request_id
+        assert got.kv.keys[0].shape == alone.kv.keys[0].shape
+        for x, y in zip(got.kv.keys + got.kv.values, alone.kv.keys + alone.kv.values):
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
