@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 
 from phaseroute.consumers.kafka_clients import TrackedProducer
+from phaseroute.consumers.lag_probe import LagProbe
 from phaseroute.infra.topics import HEARTBEAT_TOPIC
 from phaseroute.schemas import serde
 
@@ -52,9 +53,10 @@ class Heartbeat:
 
     def __init__(
         self, producer: TrackedProducer, identity: WorkerIdentity, read_status: Callable[[], dict[str, Any]],
-        interval_s: float = 2.0,
+        interval_s: float = 2.0, lag_probe: LagProbe | None = None,
     ) -> None:
         self.producer = producer
+        self.lag_probe = lag_probe  # started and stopped with the heartbeat
         self.identity = identity
         self.read_status = read_status
         self.interval_s = interval_s
@@ -63,12 +65,16 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{identity.worker_id}", daemon=True)
 
     def start(self) -> None:
+        if self.lag_probe is not None:
+            self.lag_probe.start()
         self._thread.start()
 
     def stop(self) -> None:
         """Stop beating and send a last heartbeat saying DOWN."""
         self._stop.set()
         self._thread.join(timeout=self.interval_s + 1)
+        if self.lag_probe is not None:
+            self.lag_probe.stop()
         self.beat(status="DOWN")
         self.producer.flush_or_raise(10)
 

@@ -264,9 +264,10 @@ class WorkerLoop:
 
     # -- numbers for heartbeats ------------------------------------------------------
     def consumer_lag(self) -> int:
-        """Messages in the assigned partitions not yet consumed (from the broker's watermarks)."""
+        """Messages in the assigned partitions not yet consumed (from the broker's watermarks: one
+        round trip per partition, so the worker asks from its ``LagProbe`` thread)."""
         lag = 0
-        assigned = [TopicPartition(t, p) for t, p in self.assignment]
+        assigned = [TopicPartition(t, p) for t, p in list(self.assignment)]  # a copy: callbacks change it
         if not assigned:
             return 0
         for pos in self.consumer.position(assigned):

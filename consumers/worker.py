@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 from phaseroute.config import Settings
 from phaseroute.consumers.handler import Handler
 from phaseroute.consumers.heartbeat import Heartbeat, WorkerIdentity, kv_format_of
+from phaseroute.consumers.lag_probe import LagProbe
 from phaseroute.consumers.loop import LoopConfig, WorkerLoop
 from phaseroute.consumers.machine import default_threads
 from phaseroute.consumers.phase_handler import KVBitflips, PhaseHandler, WorkerSpec
@@ -124,20 +124,13 @@ def build_phase_worker(settings: Settings, opts: WorkerOptions, executor: Any = 
 
 
 def _with_heartbeat(config: LoopConfig, handler: Handler, identity: WorkerIdentity, interval_s: float) -> tuple[WorkerLoop, Heartbeat]:
-    lag = {"consumer_lag": 0, "queue_depth": 0, "checked": 0.0}
+    loop = WorkerLoop(config, handler)
+    probe = LagProbe(loop.consumer_lag, interval_s, name=f"lag-{identity.worker_id}")  # off the work loop
 
-    def refresh_lag(loop: WorkerLoop) -> None:
-        if time.time() - lag["checked"] >= interval_s:
-            lag["checked"] = time.time()
-            try:
-                lag["consumer_lag"] = loop.consumer_lag()
-            except Exception as exc:  # a slow broker answer must not stop the work
-                log.debug("lag check failed: %s", exc)
-            lag["queue_depth"] = lag["consumer_lag"] + handler.in_flight()
+    def numbers() -> dict[str, Any]:
+        return {**handler.status(), "consumer_lag": probe.lag, "queue_depth": probe.lag + handler.in_flight()}
 
-    loop = WorkerLoop(config, handler, on_tick=refresh_lag)
-    heartbeat = Heartbeat(loop.producer, identity, lambda: {**handler.status(), **lag}, interval_s)
-    return loop, heartbeat
+    return loop, Heartbeat(loop.producer, identity, numbers, interval_s, lag_probe=probe)
 
 
 def run(loop: WorkerLoop, heartbeat: Heartbeat | None) -> None:
