@@ -12,9 +12,9 @@ No padding mask is passed, whatever the lengths: prompts are right-padded, so a 
 later than every real position of its row and the causal mask alone keeps it out of every real
 token's attention. Each real position sees exactly its own prompt, through the maskless causal
 kernel ``generate()`` takes; what pad positions compute is never read (each row's KV is cut at
-its length, its logits taken at its last token). A padding mask sent the batch through the
-masked attention path, which repeats every grouped K/V head (measured on this machine:
-4 prompts of 100-128 tokens at 300 tok/s against 427 for 4 of 128).
+its length, its logits taken at its last token). A padding mask sent the batch through SDPA
+with an explicit mask instead of its causal kernel (measured on this machine: 4 prompts of
+100-128 tokens at 306 tok/s with the mask, 445 without).
 """
 
 from __future__ import annotations
