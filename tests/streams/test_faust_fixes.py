@@ -47,7 +47,8 @@ def _run(bootstrap: str, as_is: bool, tmp_path: Path) -> tuple[list[tuple[int, i
     out, log = tmp_path / f"{name}.out", tmp_path / f"{name}.log"
     with open(out, "w") as stdout, open(log, "w") as stderr:
         proc = subprocess.Popen([sys.executable, str(APP), bootstrap, app_id, source, "--rewind-after",
-                                 str(PARTITIONS * WAITING), *(["--as-is"] if as_is else [])], stdout=stdout, stderr=stderr)
+                                 str(PARTITIONS * WAITING), *(["--as-is"] if as_is else [])], stdout=stdout, stderr=stderr,
+                                cwd=tmp_path)  # Faust writes its data dir in its working directory
     try:
         deadline = time.time() + 120
         while time.time() < deadline and proc.poll() is None and "rewound" not in out.read_text(errors="replace"):
@@ -100,7 +101,8 @@ def _run_late_topic(bootstrap: str, as_is: bool, tmp_path: Path) -> tuple[str, d
     out = tmp_path / f"late-{'as-is' if as_is else 'fixed'}.out"
     with open(out, "w") as stdout:
         proc = subprocess.Popen([sys.executable, str(LATE_TOPIC_APP), bootstrap, app_id, source,
-                                 *(["--as-is"] if as_is else [])], stdout=stdout, stderr=subprocess.STDOUT)
+                                 *(["--as-is"] if as_is else [])], stdout=stdout, stderr=subprocess.STDOUT,
+                                cwd=tmp_path)  # Faust writes its data dir in its working directory
     try:
         deadline = time.time() + 120
         while time.time() < deadline and proc.poll() is None and "done" not in out.read_text(errors="replace"):
