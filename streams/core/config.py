@@ -64,8 +64,10 @@ class CoreConfig:
     """The reserved tenant of the drift monitor's canaries: released by the fair scheduler like any
     other tenant's work, at a weight that keeps its share small..."""
     canary_share: float = 0.03
-    """...at most this share of the fleet while a tenant of the smallest weight also waits (less
-    when more tenants wait; more only when nobody else does)..."""
+    """...at most this share of the tokens released while any other tenant's work is queued or
+    running (a token cap over the fair scheduler's ``share_window_s``, and the weight that gives
+    this share against a tenant of the smallest weight; more only when the fleet has nothing
+    else)..."""
     canary_max_in_flight: int = 4
     """...and at most this many canaries in flight at once."""
     greedy_only: bool = True
@@ -90,12 +92,13 @@ class CoreConfig:
             _checks.non_negative(owner, "expire_after_deadline_s", self.expire_after_deadline_s)
 
     def fair_with_canaries(self, fair: FairConfig | None = None) -> FairConfig:
-        """``fair`` (default: this config's) with the canary tenant's weight and in-flight cap."""
+        """``fair`` (default: this config's) with the canary tenant's weight, in-flight cap and token share."""
         fair = fair or self.fair
         smallest = min([*fair.tenant_weights.values(), fair.default_weight])
         weight = smallest * self.canary_share / (1.0 - self.canary_share)
         return replace(fair, tenant_weights={**fair.tenant_weights, self.canary_tenant: weight},
-                       tenant_max_in_flight={**fair.tenant_max_in_flight, self.canary_tenant: self.canary_max_in_flight})
+                       tenant_max_in_flight={**fair.tenant_max_in_flight, self.canary_tenant: self.canary_max_in_flight},
+                       tenant_max_token_share={**fair.tenant_max_token_share, self.canary_tenant: self.canary_share})
 
     @property
     def heartbeat_timeout_s(self) -> float:

@@ -9,6 +9,12 @@ actually generated; a release that did not run (no pool could place it) is given
 with ``unrelease``. A released request enqueued again (a retry, work of a lost pool) gives its
 slot back first and keeps what it was charged: the fleet did that work.
 
+A tenant may also have a token share cap (``tenant_max_token_share``: the drift monitor's
+canaries): it is released work only while its tokens stay within that share of all tokens
+released in the last ``share_window_s`` (``share_window.py``), unless nobody else's work is
+queued or running. Weights bound a tenant's share while others wait in the queues; the cap also
+holds while they run, so a job released whole at once does not share its batches with more.
+
 The state survives a restart of its owner: ``state()`` is each tenant's counter and served
 cost (the control plane keeps it in a changelog-backed table); ``restore`` puts it back and
 ``resume`` re-registers the requests still running, so a flooding tenant neither gets a fresh
@@ -32,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from . import _checks
+from .share_window import ShareWindow
 from .types import RequestWork
 
 
@@ -53,6 +60,13 @@ class FairConfig:
     default_max_in_flight: int = 512
     """Released-but-unfinished requests a tenant may have (unless named in ``tenant_max_in_flight``)."""
     tenant_max_in_flight: Mapping[str, int] = field(default_factory=dict)
+    tenant_max_token_share: Mapping[str, float] = field(default_factory=dict)
+    """A tenant named here is released at most this share of the tokens (prompt + expected
+    output) released to all tenants in the last ``share_window_s``, while any other tenant has
+    work queued or running, whatever its weight; with nobody else's work in the fleet it takes
+    what is free. Weights order the waiting; this bounds a tenant's share of the running work."""
+    share_window_s: float = 60.0
+    """The window of ``tenant_max_token_share``."""
     urgency_slack_s: float = 300.0
     """A tenant whose head job has less slack than this (deadline - now - remaining work) is urgent."""
     urgency_bound: float = 100_000.0
@@ -70,6 +84,11 @@ class FairConfig:
         _checks.at_least(owner, "default_max_in_flight", self.default_max_in_flight, 1)
         for tenant, cap in self.tenant_max_in_flight.items():
             _checks.at_least(owner, f"tenant_max_in_flight[{tenant!r}]", cap, 1)
+        for tenant, share in self.tenant_max_token_share.items():
+            _checks.finite(owner, f"tenant_max_token_share[{tenant!r}]", share)
+            if not 0.0 < share < 1.0:
+                raise ValueError(f"{owner}.tenant_max_token_share[{tenant!r}] must be in (0, 1), got {share!r}")
+        _checks.positive(owner, "share_window_s", self.share_window_s)
         _checks.non_negative(owner, "urgency_slack_s", self.urgency_slack_s)
         _checks.non_negative(owner, "urgency_bound", self.urgency_bound)
 
@@ -138,6 +157,7 @@ class FairScheduler:
         self._floor = 0.0  # last minimum counter among backlogged tenants
         self._largest_cost = 0.0
         self._seq = 0
+        self._window = ShareWindow()  # tokens released in the last share_window_s, per tenant
 
     def _tenant(self, tenant: str) -> _Tenant:
         """The tenant's state, created empty on first sight (not built per call to find it)."""
@@ -184,6 +204,7 @@ class FairScheduler:
         if entry is None:
             return False
         tenant, _, charge = entry
+        self._window.remove(request_id)
         state = self._tenants[tenant]
         state.in_flight -= 1
         state.served_cost -= charge
@@ -232,14 +253,16 @@ class FairScheduler:
         ``fleet_cost_per_s`` (measured fleet throughput in cost units) sharpens deadline slack."""
         releases: list[Release] = []
         requests_left, cost_left, unit = free.requests, free.cost, 0
+        self._window.expire(now - self.config.share_window_s)
         stop = "free request capacity used"
         while requests_left > 0:
-            eligible = [t for t, s in self._tenants.items() if s.queue and s.in_flight < self.config.max_in_flight(t)]
+            eligible = [t for t, s in self._tenants.items() if s.queue and s.in_flight < self.config.max_in_flight(t)
+                        and self._tokens(s.queue[0][2]) <= self._share_room(t)]
             if not eligible:
-                stop = "no eligible tenant (queues empty or at their in-flight cap)"
+                stop = "no eligible tenant (queues empty, at their in-flight cap or at their token share)"
                 break
             tenant, urgent = self._pick(eligible, now, fleet_cost_per_s)
-            taken = self._take_unit(tenant, requests_left, cost_left)
+            taken = self._take_unit(tenant, requests_left, cost_left, now)
             if not taken:
                 head = self._tenants[tenant].queue[0][2]
                 cost = self._charge(head)
@@ -257,6 +280,19 @@ class FairScheduler:
 
     def _charge(self, request: RequestWork) -> float:
         return self.config.cost(request.prompt_tokens, self._expected_output(request))
+
+    def _tokens(self, request: RequestWork) -> float:
+        return request.prompt_tokens + self._expected_output(request)
+
+    def _share_room(self, tenant: str) -> float:
+        """Tokens the tenant's share cap lets it be released now (inf: no cap, or nobody else's
+        work is queued or running)."""
+        share = self.config.tenant_max_token_share.get(tenant)
+        if share is None:
+            return math.inf
+        if not any((s.queue or s.in_flight) for t, s in self._tenants.items() if t != tenant):
+            return math.inf
+        return self._window.room(tenant, share)
 
     def _slack(self, tenant: str, now: float, fleet_cost_per_s: float | None) -> float:
         head = self._tenants[tenant].queue[0][2]
@@ -279,16 +315,19 @@ class FairScheduler:
             return chosen, chosen != lowest
         return lowest, False
 
-    def _take_unit(self, tenant: str, requests_left: int, cost_left: float) -> list[tuple[RequestWork, float]]:
+    def _take_unit(self, tenant: str, requests_left: int, cost_left: float, now: float) -> list[tuple[RequestWork, float]]:
         state, weight = self._tenants[tenant], self.config.weight(tenant)
         room = min(requests_left, self.config.max_in_flight(tenant) - state.in_flight, self.config.max_unit_requests)
+        token_room = self._share_room(tenant)
         taken: list[tuple[RequestWork, float]] = []
         total = 0.0
         while state.queue and len(taken) < room:
             request = state.queue[0][2]
-            cost = self._charge(request)
-            if total + cost > cost_left or (taken and total + cost > self.config.max_unit_cost):
+            cost, tokens = self._charge(request), self._tokens(request)
+            if total + cost > cost_left or (taken and total + cost > self.config.max_unit_cost) or tokens > token_room:
                 break
+            token_room -= tokens
+            self._window.add(request.request_id, tenant, tokens, now)
             heapq.heappop(state.queue)
             taken.append((request, cost))
             total += cost

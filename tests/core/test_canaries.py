@@ -57,3 +57,30 @@ def test_a_canary_whose_path_is_gone_fails_at_once() -> None:
     assert not [d for d in out if isinstance(d, Dispatch)]
     c.handle(ResultReceived("canary-0", "_canary/round-1", False, 50, 0), now + 1)
     assert "canary-0" not in c.dispatch.requests
+
+
+def test_canaries_beside_a_job_released_whole_wait_for_their_share() -> None:
+    """A job smaller than the fleet's free slots leaves nothing queued; weights would then hand
+    the canaries the rest of the fleet. Their token share holds while the job runs instead."""
+    now = 1000.0
+    c = core(now)
+    admit(c, job("small", 20, now), now)  # 20 requests, 32 free slots
+    for i in range(10):
+        c.handle(canary(i, ("a", "a"), now), now)
+    released: dict[str, int] = {}
+    running: list[Dispatch] = []
+    for k in range(1, 9):  # the job runs for two seconds: nothing of it finishes yet
+        t = now + 0.25 * k
+        c.handle(FleetObserved((pool("a", t), pool("b", t))), t)
+        for d in c.tick(t):
+            if isinstance(d, Dispatch):
+                running.append(d)
+                released[d.work.tenant] = released.get(d.work.tenant, 0) + d.work.prompt_tokens + 8
+    assert released.get("acme") == 20 * 58
+    assert released.get(CANARY, 0) <= c.config.canary_share * sum(released.values())
+    t = now + 2.25
+    for d in running:
+        c.handle(ResultReceived(d.work.request_id, d.work.job_id, True, d.work.prompt_tokens, 8), t)
+    c.handle(FleetObserved((pool("a", t), pool("b", t))), t)
+    after = [d for d in c.tick(t) if isinstance(d, Dispatch)]
+    assert [d.work.tenant for d in after] == [CANARY] * c.config.canary_max_in_flight  # the idle fleet is theirs
