@@ -15,8 +15,9 @@ leaves a HEALTHY path as it was — frequent for new or changing paths, rare for
    the production path run it; results come back on ``canary.results``.
 2. ``on_result``: a result joins its open round by request id.
 3. ``close_due``: once every result is in (or ``round_timeout_s`` passed and those in can decide,
-   or ``round_give_up_s`` passed), the round's drift is
-   computed against the reference (``engine.drift``), the quality policy steps the path's state
+   or ``round_give_up_s`` passed; canaries still out are then withdrawn by a CANCEL of the
+   round's canary job on ``jobs.commands``), the round's drift is computed against the
+   reference (``engine.drift``), the quality policy steps the path's state
    (``streams.policy.quality``), and the monitor publishes a ``drift_measurement``
    (``telemetry.drift``, stored in ClickHouse by the telemetry sink), the path's quality row
    (compacted ``profiles``, read by the router through ``ProfileView``) and, when the path was
@@ -108,6 +109,7 @@ class OpenRound:
     number: int
     started_at: float
     expected: dict[str, tuple[str, str]]  # request_id -> (canary_id, mode)
+    job_id: str = ""  # the canaries' job id in the control plane (what a withdrawal names)
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def complete(self) -> bool:
@@ -250,7 +252,7 @@ class DriftMonitor:
                 continue
             self.rounds += 1
             job_id = f"_canary-{self.run_id}-{self.rounds}"
-            rnd = OpenRound(path, self.rounds, now, {})
+            rnd = OpenRound(path, self.rounds, now, {}, job_id)
             for canary in cs.canaries[: self.config.canaries]:
                 for mode in MODES:
                     work = canary_request(cs, canary, mode, path, job_id, now)
@@ -293,6 +295,8 @@ class DriftMonitor:
         assert cs is not None
         metrics = round_metrics(cs, rnd)
         received, rnd.results = len(rnd.results), {}  # the figures are all that is kept
+        if received < len(rnd.expected):
+            self._withdraw(rnd, received, now)
         del self.closed[:-KEEP_CLOSED]
         if metrics is None:
             log.warning("round %d on %s: no canary came back within %.0f s", rnd.number, p.label, now - rnd.started_at)
@@ -322,6 +326,13 @@ class DriftMonitor:
                 "reason": verdict.reason or f"canaries pass the recovery thresholds in {self.config.quality.recover_after} rounds",
                 **_figures(metrics), "measurement_id": record["measurement_id"], "at": int(now * 1000),
             })
+
+    def _withdraw(self, rnd: OpenRound, received: int, now: float) -> None:
+        """A round closed before all its canaries came back: the control plane drops those
+        still queued (a CANCEL of the round's canary job), so they take no more of the share."""
+        self.send(topics.JOBS_COMMANDS, rnd.job_id, "job_command", {
+            "job_id": rnd.job_id, "tenant": CANARY_TENANT, "command": "CANCEL", "at": int(now * 1000),
+            "reason": f"drift round {rnd.number} on {rnd.path.label} closed with {received} of {len(rnd.expected)} canaries"})
 
     def tick(self, pools: Iterable[PoolState], now: float | None = None) -> None:
         now = time.time() if now is None else now

@@ -43,6 +43,7 @@ from phaseroute.streams.core import (
     ControlCore,
     CoreConfig,
     Dispatch,
+    FailRequest,
     FleetObserved,
     JobSubmitted,
     ProfilesUpdated,
@@ -50,7 +51,7 @@ from phaseroute.streams.core import (
     QueueRequest,
     ResultReceived,
 )
-from phaseroute.streams.edge import request_queued
+from phaseroute.streams.edge import cancel, request_queued
 
 MODEL = "smollm2-135m"  # the model with a bundled canary set
 POOL = "colo"
@@ -147,6 +148,10 @@ class _Run:
             canary_id, mode = str(record["custom_id"]).rsplit("/", 1)
             self.canary_of[record["request_id"]] = (self.by_id[canary_id], mode)
             self._feed(self.core.handle(request_queued(record), self.now), self.now)
+        elif kind == "job_command":  # a closed round's late canaries are withdrawn
+            command = cancel(record)
+            if command is not None:
+                self._feed(self.core.handle(command, self.now), self.now)
         elif kind == "drift_measurement":
             self.closed_at[int(record["round"])] = self.now
         elif kind == "quality_alert" and record["kind"] == QualityAlertKind.DEMOTED.name and self.detected_at is None:
@@ -156,6 +161,9 @@ class _Run:
         for d in decisions:
             if isinstance(d, QueueRequest):
                 self._feed(self.core.handle(d.request, now), now)
+            elif isinstance(d, FailRequest):  # the failed result the shell would send, read back
+                self.canary_of.pop(d.work.request_id, None)
+                self._feed(self.core.handle(ResultReceived(d.work.request_id, d.work.job_id, False, d.work.prompt_tokens, 0), now), now)
             elif isinstance(d, Dispatch) and d.work.request_id not in self.running:  # a copy of a running one: skip
                 prompt, output = d.work.prompt_tokens, d.work.max_output_tokens
                 if d.work.request_id in self.canary_of:

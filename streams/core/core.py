@@ -168,6 +168,8 @@ class ControlCore:
 
     def _cancel(self, ev: CancelRequested, now: float) -> list[Decision]:
         job = self.jobs.cancel(ev.job_id, ev.tenant, ev.reason, now)
+        if job is None and ev.tenant == self.config.canary_tenant:  # canaries belong to no job record
+            return self.dispatch.withdraw_queued(ev.job_id, f"withdrawn: {ev.reason}", "canary_withdrawn", now)
         if job is None:
             return []  # unknown, another tenant's, or already finished: nothing changes
         out: list[Decision] = [changed(job, JobEventKind.CANCELLED, ev.reason)]

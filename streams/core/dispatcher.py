@@ -225,6 +225,16 @@ class Dispatcher:
             out += self.fail(self.requests[rid], reason, code, now)
         return out
 
+    def withdraw_queued(self, job_id: str, reason: str, code: str, now: float) -> list[Decision]:
+        """The job's requests still in the fair queue leave it and fail; released ones run on
+        (how a closed drift round's late canaries are withdrawn)."""
+        out: list[Decision] = []
+        for work in self.fair.cancel_job(job_id):
+            state = self.requests.get(work.request_id)
+            if state is not None:
+                out += self.fail(state, reason, code, now)
+        return out
+
     # -- release and placement -----------------------------------------------------------------
     def release(self, now: float) -> list[Decision]:
         """The fair scheduler releases up to the free slots, at most ``max_releases_per_tick``

@@ -84,3 +84,34 @@ def test_canaries_beside_a_job_released_whole_wait_for_their_share() -> None:
     c.handle(FleetObserved((pool("a", t), pool("b", t))), t)
     after = [d for d in c.tick(t) if isinstance(d, Dispatch)]
     assert [d.work.tenant for d in after] == [CANARY] * c.config.canary_max_in_flight  # the idle fleet is theirs
+
+
+def test_a_withdrawn_round_s_queued_canaries_fail_and_its_running_ones_run_on() -> None:
+    from phaseroute.streams.core import CancelRequested
+
+    now = 1000.0
+    c = core(now)
+    admit(c, job("flood", 200, now), now)
+    for i in range(10):
+        c.handle(canary(i, ("a", "a"), now), now)
+    running: list[str] = []
+    t = now
+    while not running:  # the flood runs until the canaries' share lets one go
+        t += 0.25
+        c.handle(FleetObserved((pool("a", t), pool("b", t))), t)
+        for d in c.tick(t):
+            if isinstance(d, Dispatch) and d.work.tenant == CANARY:
+                running.append(d.work.request_id)
+            elif isinstance(d, Dispatch):
+                c.handle(ResultReceived(d.work.request_id, d.work.job_id, True, d.work.prompt_tokens, 8), t)
+        assert t < now + 10
+    assert len(running) < 10
+    # another tenant naming the canaries' job changes nothing
+    assert c.handle(CancelRequested("_canary/round-1", "acme", "not yours"), t) == []
+    out = c.handle(CancelRequested("_canary/round-1", CANARY, "round closed"), t)
+    failed = [d for d in out if isinstance(d, FailRequest)]
+    assert sorted(f.work.request_id for f in failed) == sorted(f"canary-{i}" for i in range(10) if f"canary-{i}" not in running)
+    assert {f.code for f in failed} == {"canary_withdrawn"} and "round closed" in failed[0].reason
+    queued = {r.tenant: r.queued_requests for r in c.dispatch.fair.report()}
+    assert queued.get(CANARY, 0) == 0 and queued["acme"] > 0  # the flood's queue is untouched
+    assert all(c.dispatch.requests[rid].status.is_open for rid in running)

@@ -153,3 +153,21 @@ def test_rounds_are_frequent_for_new_or_moving_paths_and_rare_for_stable_ones() 
     assert all(b - a == 30 for a, b in zip(demoted, demoted[1:])), demoted
     changed = [PoolState("colo", True, BOTH, frozenset({MODEL}), "int8-dynamic", 1, 8, 1e9)]
     assert [r.path.label for r in monitor.dispatch(changed, t)] == ["colo"], "a new variant is measured at once"
+
+
+def test_a_round_closed_early_withdraws_its_late_canaries_and_a_whole_one_does_not() -> None:
+    sink = Sink()
+    monitor = DriftMonitor(MonitorConfig(interval_s=30, round_timeout_s=60, canaries=2), sink)
+    monitor.dispatch(POOLS[2:3], NOW)
+    works = sink.of("request")
+    for w in works[:2]:
+        monitor.on_result(_answer(w))
+    assert len(monitor.close_due(NOW + 61)) == 1
+    [command] = sink.of("job_command")
+    assert command["job_id"] == works[0]["job_id"] and command["tenant"] == "_canary"
+    assert command["command"] == "CANCEL" and "closed with 2 of 4 canaries" in command["reason"]
+    assert [t for t, _, k, _ in sink.sent if k == "job_command"] == ["jobs.commands"]
+    monitor.dispatch(POOLS[2:3], NOW + 100)
+    for w in sink.of("request")[4:]:
+        monitor.on_result(_answer(w))
+    assert len(monitor.close_due(NOW + 101)) == 1 and len(sink.of("job_command")) == 1  # complete: nothing to withdraw
