@@ -345,7 +345,8 @@ class MonitorService:
 
     def __init__(self, bootstrap: str, config: MonitorConfig, dead_after_s: float = 8.0) -> None:
         from phaseroute.consumers.kafka_clients import TrackedProducer
-        from phaseroute.streams.views import PoolView, TopicFollower
+        from phaseroute.infra.topic_follower import TopicFollower
+        from phaseroute.streams.views import PoolView
 
         self.bootstrap = bootstrap
         self.producer = TrackedProducer(bootstrap, f"drift-monitor.{uuid.uuid4().hex[:6]}")
@@ -363,7 +364,7 @@ class MonitorService:
         """Restore path states from ``profiles``, follow heartbeats, read results from now on."""
         from confluent_kafka import Consumer, TopicPartition
 
-        from phaseroute.streams.views import TopicFollower
+        from phaseroute.infra.topic_follower import TopicFollower
 
         seen: list[dict[str, Any]] = []
         profiles = TopicFollower(self.bootstrap, self.monitor.config.profiles_topic, "profile_row", seen.append)

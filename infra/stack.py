@@ -167,7 +167,8 @@ def wait_until_ready(settings: Settings, pools: list[PoolSpec], names: list[str]
                      progress: Progress = _quiet, every_s: float = 10.0) -> None:
     """Every pool has a live worker and a profile row the router can use (what admission needs);
     ``progress`` hears what is still missing whenever it changes, and every ``every_s``."""
-    from phaseroute.streams.views import PoolView, ProfileView, TopicFollower
+    from phaseroute.infra.topic_follower import TopicFollower
+    from phaseroute.streams.views import PoolView, ProfileView
 
     pool_view, profile_view = PoolView(), ProfileView()
     followers = [TopicFollower(settings.bootstrap_servers, "pools.heartbeat", "pool_heartbeat", pool_view.on_record),

@@ -43,6 +43,7 @@ from phaseroute.config import Settings
 from phaseroute.infra import topics
 from phaseroute.infra.blobstore import open_blob_store, output_prefix
 from phaseroute.infra.kafka_security import faust_credentials
+from phaseroute.infra.topic_follower import TopicFollower
 from phaseroute.infra.topics import CONTROL_PARTITIONS
 from phaseroute.schemas import faust_codec  # noqa: F401  (registers the phaseroute-avro codecs)
 from phaseroute.schemas.deadletter import to_dead_letter
@@ -59,7 +60,7 @@ from phaseroute.streams.model_catalog import ModelInfo, load_model_info
 from phaseroute.streams.settings import core_config
 from phaseroute.streams.shell import RESTORED, ControlShell
 from phaseroute.streams.tick_stats import TickStats
-from phaseroute.streams.views import PoolView, ProfileView, TopicFollower
+from phaseroute.streams.views import PoolView, ProfileView
 
 log = logging.getLogger(__name__)
 APP_ID = topics.CONTROL_APP_ID

@@ -6,62 +6,18 @@ restarted control plane has every row at once) and follows it. Rows carrying ``p
 one ``PoolState`` per pool: alive while a worker's heartbeat is younger than
 ``dead_after_s`` and not DOWN. (A Faust GlobalTable over the externally written compacted
 topic hung in partition assignment with faust-streaming 0.15.3, so the view is a plain
-follower thread; it is read-only state, rebuilt from Kafka on every start.)
+follower thread, ``infra/topic_follower.TopicFollower``; it is read-only state, rebuilt from
+Kafka on every start.)
 """
 
 from __future__ import annotations
 
 import threading
-import time
-import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-from phaseroute.infra.kafka_offsets import end_offsets
-from phaseroute.infra.kafka_security import with_cluster_config
-from phaseroute.schemas.deadletter import Rejected, safe_decode
 from phaseroute.streams.policy import LinkProfile, PathQuality, Phase, PoolState, ProfileRow, ProfileTable
 from phaseroute.streams.profiles.convert import from_avro
-
-
-class TopicFollower:
-    """Reads every partition of a topic from the beginning and hands each record to a callback."""
-
-    def __init__(self, bootstrap: str, topic: str, kind: str, on_record: Callable[[dict[str, Any]], None]) -> None:
-        self.topic, self.kind, self.on_record = topic, kind, on_record
-        self.consumer = Consumer(with_cluster_config({"bootstrap.servers": bootstrap, "group.id": f"view-{uuid.uuid4().hex}",
-                                                      "enable.auto.commit": False, "fetch.wait.max.ms": 100}))
-        self._stop = threading.Event()
-        self.caught_up = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"follow-{topic}", daemon=True)
-
-    def start(self) -> None:
-        metadata = self.consumer.list_topics(self.topic, timeout=15).topics[self.topic]
-        parts = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in metadata.partitions]
-        self._ends = end_offsets(self.consumer, parts)
-        self.consumer.assign(parts)
-        self._thread.start()
-
-    def _run(self) -> None:
-        positions: dict[int, int] = {}
-        while not self._stop.is_set():
-            msg = self.consumer.poll(0.2)
-            if msg is not None and not msg.error():
-                positions[msg.partition()] = msg.offset() + 1
-                decoded = safe_decode(msg.value(), msg.key(), topic=msg.topic(), partition=msg.partition(),
-                                      offset=msg.offset(), service="control-view", now_ms=int(time.time() * 1000),
-                                      expected_kind=self.kind)
-                if not isinstance(decoded, Rejected):
-                    self.on_record(decoded.record)
-            if not self.caught_up.is_set() and all(positions.get(p, 0) >= end for p, end in self._ends.items()):
-                self.caught_up.set()
-        self.consumer.close()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
 
 
 def path_quality_from_avro(record: dict[str, Any]) -> PathQuality:

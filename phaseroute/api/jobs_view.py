@@ -40,9 +40,11 @@ class JobsView:
         return all(f.caught_up.is_set() for f in self._followers)
 
     def start(self, bootstrap: str, wait_s: float = 30.0) -> None:
-        from phaseroute.api.follower import Follower
+        from phaseroute.api.kafka_io import QUIET_CLIENT
+        from phaseroute.infra.topic_follower import TopicFollower
 
-        self._followers = [Follower(bootstrap, topic, "job_event", self.on_event)
+        self._followers = [TopicFollower(bootstrap, topic, "job_event", self.on_event, service="api-jobs-view",
+                                         settings=QUIET_CLIENT)
                            for topic in (STATE_TOPIC, EVENTS_TOPIC)]
         for follower in self._followers:
             follower.start()

@@ -22,6 +22,8 @@ from phaseroute.schemas import serde
 _quiet = logging.getLogger("phaseroute.kafka.librdkafka")
 _quiet.addHandler(logging.NullHandler())
 _quiet.propagate = False
+QUIET_CLIENT: dict[str, Any] = {"logger": _quiet, "socket.connection.setup.timeout.ms": 5000}
+"""librdkafka settings of the API's clients: its log lines silenced, a bounded connection wait."""
 
 
 class BrokerUnavailable(RuntimeError):
@@ -39,8 +41,7 @@ def client_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
     under the caller's own."""
     from phaseroute.infra.kafka_security import with_cluster_config
 
-    return with_cluster_config({"bootstrap.servers": bootstrap, "logger": _quiet, "socket.connection.setup.timeout.ms": 5000,
-                                **extra})
+    return with_cluster_config({"bootstrap.servers": bootstrap, **QUIET_CLIENT, **extra})
 
 
 def publish(bootstrap: str, messages: Iterable[tuple[str, str, str, dict[str, Any]]], timeout_s: float = 30.0) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from phaseroute.api.kafka_io import publish, read_latest
+from phaseroute.api.kafka_io import QUIET_CLIENT, publish, read_latest
 from phaseroute.api.keys import hash_key, key_id_of, make_key, same_hash
 from phaseroute.infra import topics
 from phaseroute.infra.blobstore import check_tenant
@@ -78,9 +78,10 @@ class TenantRegistry:
             return self._tenants.get(name)
 
     def start(self, bootstrap: str, wait_s: float = 15.0) -> None:
-        from phaseroute.api.follower import Follower
+        from phaseroute.infra.topic_follower import TopicFollower
 
-        self._follower = Follower(bootstrap, TOPIC, "tenant", self.on_record)
+        self._follower = TopicFollower(bootstrap, TOPIC, "tenant", self.on_record, service="api-registry",
+                                       settings=QUIET_CLIENT)
         self._follower.start()
         self._follower.caught_up.wait(wait_s)
 

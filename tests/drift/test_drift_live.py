@@ -35,6 +35,7 @@ from phaseroute.consumers.drift_monitor import MonitorConfig, MonitorService
 from phaseroute.consumers.phase_handler import KVBitflips
 from phaseroute.consumers.worker import WorkerOptions, build_phase_worker
 from phaseroute.infra import provision, topics
+from phaseroute.infra.topic_follower import TopicFollower
 from phaseroute.schemas import serde
 from phaseroute.streams.policy import (
     CurvePoint,
@@ -50,7 +51,7 @@ from phaseroute.streams.policy import (
 )
 from phaseroute.streams.policy.quality import QualityConfig
 from phaseroute.streams.shell import RESTORED
-from phaseroute.streams.views import ProfileView, TopicFollower
+from phaseroute.streams.views import ProfileView
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.slow]
 MODEL = "smollm2-135m"

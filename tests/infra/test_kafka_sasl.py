@@ -112,7 +112,7 @@ ROUND_TRIP = textwrap.dedent("""
     import sys, threading
     from phaseroute.consumers.kafka_clients import TrackedProducer, new_consumer
     from phaseroute.schemas import serde
-    from phaseroute.streams.views import TopicFollower
+    from phaseroute.infra.topic_follower import TopicFollower
     bootstrap, topic = sys.argv[1], "deadletter"
     record = {"source_topic": "t", "partition": 0, "offset": 0, "key": None, "value": b"x", "reason": "sasl round trip",
               "error_class": "none", "stage": "DECODE", "expected_kind": None, "traceback": None, "service": "test", "at": 0}
