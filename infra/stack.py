@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from phaseroute.infra.pool_spec import PHASES, POOL_SPEC_EXAMPLE, POOL_SPEC_FORM
 
 __all__ = [
     "DEMO_POOLS", "demo_pools", "PHASES", "POOL_SPEC_EXAMPLE", "POOL_SPEC_FORM", "PoolSpec", "Progress", "check_running",
-    "parse_pools", "recorded_pools", "start", "wait_for", "wait_until_ready",
+    "parse_pools", "PoolReadiness", "recorded_pools", "start", "wait_for", "wait_until_ready",
 ]
 
 Progress = Callable[[str], None]
@@ -163,38 +163,61 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, what: str, setting
     raise TimeoutError(f"{what} not reached within {timeout_s:.0f} s")
 
 
+class PoolReadiness:
+    """Follows ``pools.heartbeat`` and ``profiles`` the way the control plane's views do, and says
+    which of ``pools`` still lack a live worker or a profile row (what admission needs to accept
+    work for them). Use as a context manager: the followers stop on exit."""
+
+    def __init__(self, bootstrap: str, pools: Iterable[str]) -> None:
+        from phaseroute.infra.topic_follower import TopicFollower
+        from phaseroute.streams.views import PoolView, ProfileView
+
+        self.wanted = set(pools)
+        self._pool_view, self._profile_view = PoolView(), ProfileView()
+        self._followers = [
+            TopicFollower(bootstrap, "pools.heartbeat", "pool_heartbeat", self._pool_view.on_record, service="readiness"),
+            TopicFollower(bootstrap, "profiles", "profile_row", self._profile_view.on_record, service="readiness")]
+
+    def __enter__(self) -> PoolReadiness:
+        for follower in self._followers:
+            follower.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for follower in self._followers:
+            follower.stop()
+
+    def missing(self) -> dict[str, set[str]]:
+        """``{"not alive": pools, "no profile yet": pools}``, each empty once every pool is ready."""
+        alive = {n for n, s in self._pool_view.states(time.time(), {}, {}).items() if s.alive}
+        profiled = {row.pool for row in self._profile_view.table().rows.values()}
+        return {"not alive": self.wanted - alive, "no profile yet": self.wanted - profiled}
+
+    def ready(self) -> bool:
+        return not any(self.missing().values())
+
+
 def wait_until_ready(settings: Settings, pools: list[PoolSpec], names: list[str], timeout_s: float,
                      progress: Progress = _quiet, every_s: float = 10.0) -> None:
     """Every pool has a live worker and a profile row the router can use (what admission needs);
     ``progress`` hears what is still missing whenever it changes, and every ``every_s``."""
-    from phaseroute.infra.topic_follower import TopicFollower
-    from phaseroute.streams.views import PoolView, ProfileView
-
-    pool_view, profile_view = PoolView(), ProfileView()
-    followers = [TopicFollower(settings.bootstrap_servers, "pools.heartbeat", "pool_heartbeat", pool_view.on_record),
-                 TopicFollower(settings.bootstrap_servers, "profiles", "profile_row", profile_view.on_record)]
-    for f in followers:
-        f.start()
-    wanted = {p.name for p in pools}
     said: dict[str, Any] = {"text": "", "at": 0.0}
 
-    def ready() -> bool:
-        alive = {n for n, s in pool_view.states(time.time(), {}, {}).items() if s.alive} & wanted
-        profiled = {row.pool for row in profile_view.table().rows.values()} & wanted
-        api = "api" not in names or api_answers(settings)
-        text = (f"waiting for pools: {len(alive)}/{len(wanted)} alive, {len(profiled)}/{len(wanted)} profiled"
-                + _missing("not alive", wanted - alive) + _missing("no profile yet", wanted - profiled)
-                + ("" if api else "; the Batch API does not answer yet"))
-        if text != said["text"] or time.monotonic() - said["at"] >= every_s:
-            progress(text)
-            said.update(text=text, at=time.monotonic())
-        return wanted <= alive and wanted <= profiled and api
+    with PoolReadiness(settings.bootstrap_servers, [p.name for p in pools]) as readiness:
+        def ready() -> bool:
+            missing = readiness.missing()
+            wanted = len(readiness.wanted)
+            api = "api" not in names or api_answers(settings)
+            text = (f"waiting for pools: {wanted - len(missing['not alive'])}/{wanted} alive, "
+                    f"{wanted - len(missing['no profile yet'])}/{wanted} profiled"
+                    + "".join(_missing(what, which) for what, which in missing.items())
+                    + ("" if api else "; the Batch API does not answer yet"))
+            if text != said["text"] or time.monotonic() - said["at"] >= every_s:
+                progress(text)
+                said.update(text=text, at=time.monotonic())
+            return not any(missing.values()) and api
 
-    try:
         wait_for(ready, timeout_s, "all pools alive and profiled", settings, names)
-    finally:
-        for f in followers:
-            f.stop()
 
 
 def _missing(what: str, pools: set[str]) -> str:

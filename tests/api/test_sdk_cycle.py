@@ -84,6 +84,7 @@ def stack(bootstrap: str, tmp_path_factory: pytest.TempPathFactory):
             time.sleep(0.5)
         else:
             pytest.fail(f"the API at {base} was not healthy within 120 s; logs in {live.logs}")
+        live.wait_ready([POOL])  # a batch created before the worker's first heartbeat is rightly refused
         suffix = os.urandom(3).hex()
         names = {"a": f"cycle-a-{suffix}", "b": f"cycle-b-{suffix}"}
         keys = {"a": _tenant(names["a"], "--max-in-flight", "1"), "b": _tenant(names["b"])}
@@ -133,9 +134,12 @@ def test_upload_create_poll_download_with_an_error_file(stack) -> None:
     # tenant a runs one request at a time and q4 (the longest) is last: once q0 is done every request
     # is known to the control plane, and with the worker paused q4's own result cannot beat the failure
     deadline = time.time() + 120
-    while client.batches.retrieve(batch.id).request_counts.completed < 1:
+    running = client.batches.retrieve(batch.id)
+    while running.request_counts.completed < 1:
+        assert running.status not in FINAL, f"{batch.id} ended {running.status} before a request was done: {running.errors}"
         assert time.time() < deadline, f"no request of {batch.id} done after 120 s; logs in {live.logs}"
         time.sleep(0.1)
+        running = client.batches.retrieve(batch.id)
     worker = live.procs[f"worker-{POOL}"]
     worker.send_signal(signal.SIGSTOP)
     try:

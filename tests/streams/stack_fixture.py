@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from phaseroute.cli.jobs_cmds import latest_job_states
-from phaseroute.infra import provision, topics
+from phaseroute.infra import provision, stack, topics
 
 CLI = [sys.executable, "-m", "phaseroute.cli.main"]
 
@@ -46,6 +46,16 @@ class LiveStack:
         provision.provision(self.bootstrap, list(topics.pool_topics(pool)))
         return self.start(f"worker-{pool}", "worker", "--pool", pool, "--phase", phase, "--variant", variant,
                           "--threads", "1", "--worker-id", f"{pool}-0", *extra)
+
+    def wait_ready(self, pools: list[str], timeout_s: float = 180.0) -> None:
+        """Every pool has a live worker and a profile row, as the control plane's views read them:
+        a job submitted before that is rightly rejected (no alive, profiled pool)."""
+        with stack.PoolReadiness(self.bootstrap, pools) as readiness:
+            deadline = time.time() + timeout_s
+            while not readiness.ready():
+                self.check()
+                assert time.time() < deadline, f"pools not ready after {timeout_s:.0f} s: {readiness.missing()}; logs in {self.logs}"
+                time.sleep(0.5)
 
     def check(self) -> None:
         dead = {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}

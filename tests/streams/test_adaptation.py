@@ -99,6 +99,7 @@ def test_router_moves_work_off_a_pool_slowed_at_run_time(bootstrap: str, tmp_pat
         stack.services()
         stack.worker(FAST, "both", "fp32", "--max-decode-batch", "4")
         stack.worker(SLOW, "both", "fp32", "--max-decode-batch", "4", "--throttle-file", str(throttle))
+        stack.wait_ready([FAST, SLOW])
         started = time.time()
         _submit(tmp_path, f"warm-{uuid.uuid4().hex[:6]}", 24)  # both pools measured at full speed
         time.sleep(50)

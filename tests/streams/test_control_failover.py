@@ -99,6 +99,7 @@ def stack(bootstrap: str, tmp_path_factory: pytest.TempPathFactory):
         live.start("control-a", "control")
         live.start("control-b", "control")
         live.worker(POOL, "both", "fp32", "--max-decode-batch", "8")
+        live.wait_ready([POOL])
         yield live
     finally:
         live.stop_all()

@@ -48,6 +48,7 @@ def live(bootstrap: str, tmp_path_factory: pytest.TempPathFactory):
     try:
         stack.services()
         stack.worker(POOL, "both", "fp32", "--max-decode-batch", "8")
+        stack.wait_ready([POOL])
         yield stack
     finally:
         stack.stop_all()
