@@ -40,6 +40,7 @@ from typing import Any
 
 from phaseroute.consumers.decode_stage import DecodeStage, Joining, blob_checksum, trace_to_avro
 from phaseroute.consumers.handler import Completion, Output, WorkItem
+from phaseroute.consumers.prefill_budget import PREFILL_CHUNK_TOKENS
 from phaseroute.consumers.prefill_stage import MicroBatchLimits, PrefillStage
 from phaseroute.consumers.telemetry_records import BatchCounter, WorkerTag
 from phaseroute.engine import kv_codec
@@ -97,7 +98,7 @@ class WorkerSpec:
     decode: bool
     limits: MicroBatchLimits = MicroBatchLimits()
     max_decode_batch: int = 32
-    prefill_chunk_tokens: int = 256  # colocated: padded prompt tokens per prefill chunk between decode steps
+    prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS  # colocated: padded prompt tokens per prefill chunk between decode steps
     efficient_prefill_batch: int | None = None  # from the pool's profile (prefill_budget); None: limits only
     kv_bitflips: KVBitflips | None = None  # fault injection (tests, drills): corrupt handed-over KV
 

@@ -32,6 +32,15 @@ from phaseroute.schemas.enums import Phase, ProfileSource
 
 log = logging.getLogger(__name__)
 EFFICIENT_SHARE = 0.9  # of the best measured prefill tokens/s
+PREFILL_CHUNK_TOKENS = 1024
+"""A colocated worker with sequences decoding runs a prefill batch in chunks of about this many
+padded tokens, one decode step after each: decode waits at most one chunk (about 1.7 s at this
+CPU's ~600 prompt tokens/s), never a whole long batch. Smaller chunks cost throughput twice: a
+chunk that continues a cache runs slower per token, and every chunk adds a decode step at a
+small batch, which costs about as much as one at a large batch on a CPU. Measured here (48
+mixed prompts, 7 near lengths a batch): prefill alone at 467 tok/s in 256-token chunks, 622 in
+1024, 584-595 unchunked; ``phaseroute bench pipeline --setups colocated`` 0.55-0.57x the
+engine at 256 (95-99 decode steps, mean batch 11-13) and 0.67x at 1024 (62 steps, batch 19)."""
 
 
 def efficient_batch_size(curve: Sequence[tuple[int, float]], share: float = EFFICIENT_SHARE) -> int | None:

@@ -24,7 +24,7 @@ from phaseroute.consumers.lag_probe import LagProbe
 from phaseroute.consumers.loop import LoopConfig, WorkerLoop
 from phaseroute.consumers.machine import default_threads
 from phaseroute.consumers.phase_handler import KVBitflips, PhaseHandler, WorkerSpec
-from phaseroute.consumers.prefill_budget import budget_batch_size, load_prefill_curve
+from phaseroute.consumers.prefill_budget import PREFILL_CHUNK_TOKENS, budget_batch_size, load_prefill_curve
 from phaseroute.consumers.prefill_stage import MicroBatchLimits
 from phaseroute.infra.topics import (
     HEARTBEAT_TOPIC,
@@ -54,7 +54,7 @@ class WorkerOptions:
     max_batch_tokens: int = 4096
     max_wait_s: float = 0.05
     max_decode_batch: int = 32
-    prefill_chunk_tokens: int = 256  # colocated: prefill chunk (padded tokens) between decode steps
+    prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS  # colocated: prefill chunk (padded tokens) between decode steps
     budget_from_profile: bool = True  # size prefill micro-batches by the pool's PREFILL profile curve
     worker_id: str | None = None
     heartbeat_s: float = 2.0

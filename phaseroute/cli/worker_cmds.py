@@ -8,6 +8,7 @@ import logging
 import typer
 
 from phaseroute.cli.common import console, current_settings, errors_as_messages, long_running
+from phaseroute.consumers.prefill_budget import PREFILL_CHUNK_TOKENS
 
 
 @long_running(lambda kw: f"worker-{kw['pool']}-{kw['phase']}")
@@ -22,7 +23,7 @@ def worker(
     max_batch_tokens: int = typer.Option(4096, "--max-batch-tokens", help="Prefill micro-batch: most prompt tokens."),
     max_wait_ms: float = typer.Option(50.0, "--max-wait-ms", help="Prefill micro-batch: longest wait of the first item."),
     max_decode_batch: int = typer.Option(32, "--max-decode-batch", help="Most sequences in the continuous decode batch."),
-    prefill_chunk_tokens: int = typer.Option(256, "--prefill-chunk-tokens",
+    prefill_chunk_tokens: int = typer.Option(PREFILL_CHUNK_TOKENS, "--prefill-chunk-tokens",
         help="Colocated: padded prompt tokens per prefill chunk between decode steps."),
     worker_id: str = typer.Option(None, "--worker-id"),
     throttle_file: str = typer.Option(None, "--throttle-file",
