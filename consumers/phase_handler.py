@@ -175,7 +175,9 @@ class PhaseHandler:
         session = self.decode.session if self.decode else None
         return {
             "batch_in_flight": self.in_flight(),
-            "max_batch": self.spec.max_decode_batch if self.decode else self.spec.limits.max_batch,
+            # the requests the control plane may have here at once: the decode batch, or the prompts
+            # a prefill-only worker holds (a few micro-batches, so it picks near lengths and never idles a hop)
+            "max_batch": self.spec.max_decode_batch if self.decode else self.spec.limits.held,
             "kv_free_bytes": session.kv_free_bytes() if session else self.executor.kv_budget_bytes,
             "kv_capacity_bytes": session.kv_capacity_bytes() if session else self.executor.kv_budget_bytes,
         }

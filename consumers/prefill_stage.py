@@ -9,7 +9,9 @@ pool's measured profile), or the first has waited ``max_wait_s``; ``run`` then p
 micro-batch (``pick_batch``: the oldest waiting item and those nearest its length, within the
 budget and a padding bound, since a batch computes every prompt at its longest one's length)
 together (one batch = one telemetry record) and returns each item's KV, first token and
-timings to the worker. ``run(chunk_tokens)`` runs only the next chunk of about
+timings to the worker. The stage holds up to ``lookahead`` micro-batches' worth of prompts
+(``MicroBatchLimits.held``, what a prefill-only worker's heartbeats offer the control plane), so
+a batch is picked among several and the next one is waiting when one ends. ``run(chunk_tokens)`` runs only the next chunk of about
 that many padded tokens and returns None until the batch's last chunk: a colocated worker
 calls it between decode steps, so its decode batch never waits for a whole prefill. A FORCED drift canary (``canary`` set) carries a
 ``TokenProbe``: its first token is forced and position 0 is traced (``probe_of``).
@@ -45,10 +47,19 @@ class MicroBatchLimits:
     max_batch: int = 8
     max_batch_tokens: int = 4096
     max_wait_s: float = 0.05
+    lookahead: int = 4
+    """Micro-batches' worth of prompts the stage holds (``held``): ``pick_batch`` chooses among
+    them, so near lengths find each other, and the next batch is here when one ends instead of
+    a control-plane hop later."""
 
     def __post_init__(self) -> None:
-        if self.max_batch < 1 or self.max_batch_tokens < 1 or self.max_wait_s < 0:
+        if self.max_batch < 1 or self.max_batch_tokens < 1 or self.max_wait_s < 0 or self.lookahead < 1:
             raise ValueError(f"invalid micro-batch limits {self}")
+
+    @property
+    def held(self) -> int:
+        """Prompts the stage holds at most, waiting or running."""
+        return self.max_batch * self.lookahead
 
 
 MAX_PADDING_SHARE = 0.25
@@ -120,7 +131,7 @@ class PrefillStage:
         return None
 
     def room(self) -> int:
-        return max(0, self.limits.max_batch - len(self.waiting))
+        return max(0, self.limits.held - len(self.waiting) - len(self.running))
 
     def in_flight(self) -> int:
         return len(self.waiting) + len(self.running)
