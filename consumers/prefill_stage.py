@@ -11,9 +11,10 @@ budget and a padding bound, since a batch computes every prompt at its longest o
 together (one batch = one telemetry record) and returns each item's KV, first token and
 timings to the worker. The stage holds up to ``lookahead`` micro-batches' worth of prompts
 (``MicroBatchLimits.held``, what a prefill-only worker's heartbeats offer the control plane), so
-a batch is picked among several and the next one is waiting when one ends. ``run(chunk_tokens)`` runs only the next chunk of about
-that many padded tokens and returns None until the batch's last chunk: a colocated worker
-calls it between decode steps, so its decode batch never waits for a whole prefill. A FORCED drift canary (``canary`` set) carries a
+a batch is picked among several and the next one is waiting when one ends.
+``run(chunk_tokens)`` runs only the next chunk of about that many padded tokens and returns None
+until the batch's last chunk: a colocated worker calls it between decode steps, so its decode
+batch never waits for a whole prefill. A FORCED drift canary (``canary`` set) carries a
 ``TokenProbe``: its first token is forced and position 0 is traced (``probe_of``).
 """
 
