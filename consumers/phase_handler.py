@@ -43,6 +43,7 @@ from phaseroute.consumers.handler import Completion, Output, WorkItem
 from phaseroute.consumers.prefill_budget import PREFILL_CHUNK_TOKENS
 from phaseroute.consumers.prefill_stage import MicroBatchLimits, PrefillStage
 from phaseroute.consumers.telemetry_records import BatchCounter, WorkerTag
+from phaseroute.consumers.worker_defaults import MAX_DECODE_BATCH
 from phaseroute.engine import kv_codec
 from phaseroute.engine.errors import EngineError, KVFormatError, KVIntegrityError, KVNotFoundError
 from phaseroute.engine.protocol import FinishedSequence, KVCache, PrefillResult
@@ -97,7 +98,7 @@ class WorkerSpec:
     prefill: bool
     decode: bool
     limits: MicroBatchLimits = MicroBatchLimits()
-    max_decode_batch: int = 32
+    max_decode_batch: int = MAX_DECODE_BATCH
     prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS  # colocated: padded prompt tokens per prefill chunk between decode steps
     efficient_prefill_batch: int | None = None  # from the pool's profile (prefill_budget); None: limits only
     kv_bitflips: KVBitflips | None = None  # fault injection (tests, drills): corrupt handed-over KV

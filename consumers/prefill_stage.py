@@ -27,6 +27,7 @@ from typing import Any
 from phaseroute.consumers.handler import Completion, Output, WorkItem
 from phaseroute.consumers.prefill_budget import TokenBudget
 from phaseroute.consumers.telemetry_records import BatchCounter, WorkerTag, telemetry_output
+from phaseroute.consumers.worker_defaults import PREFILL_MAX_BATCH, PREFILL_MAX_BATCH_TOKENS, PREFILL_MAX_WAIT_S
 from phaseroute.engine.errors import AdmissionError
 from phaseroute.engine.protocol import PrefillItem, PrefillResult, TokenProbe
 
@@ -45,9 +46,9 @@ def probe_of(record: dict[str, Any]) -> TokenProbe | None:
 class MicroBatchLimits:
     """Bounds of one micro-batch: items, prompt tokens, and how long the first item may wait."""
 
-    max_batch: int = 8
-    max_batch_tokens: int = 4096
-    max_wait_s: float = 0.05
+    max_batch: int = PREFILL_MAX_BATCH
+    max_batch_tokens: int = PREFILL_MAX_BATCH_TOKENS
+    max_wait_s: float = PREFILL_MAX_WAIT_S
     lookahead: int = 4
     """Micro-batches' worth of prompts the stage holds (``held``): ``pick_batch`` chooses among
     them, so near lengths find each other, and the next batch is here when one ends instead of

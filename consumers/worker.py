@@ -26,6 +26,12 @@ from phaseroute.consumers.machine import default_threads
 from phaseroute.consumers.phase_handler import KVBitflips, PhaseHandler, WorkerSpec
 from phaseroute.consumers.prefill_budget import PREFILL_CHUNK_TOKENS, budget_batch_size, load_prefill_curve
 from phaseroute.consumers.prefill_stage import MicroBatchLimits
+from phaseroute.consumers.worker_defaults import (
+    MAX_DECODE_BATCH,
+    PREFILL_MAX_BATCH,
+    PREFILL_MAX_BATCH_TOKENS,
+    PREFILL_MAX_WAIT_S,
+)
 from phaseroute.infra.topics import (
     HEARTBEAT_TOPIC,
     PROFILES_TOPIC,
@@ -50,10 +56,10 @@ class WorkerOptions:
     model: str = "smollm2-135m"
     threads: int | None = None
     device: str | None = None
-    max_batch: int = 8
-    max_batch_tokens: int = 4096
-    max_wait_s: float = 0.05
-    max_decode_batch: int = 32
+    max_batch: int = PREFILL_MAX_BATCH
+    max_batch_tokens: int = PREFILL_MAX_BATCH_TOKENS
+    max_wait_s: float = PREFILL_MAX_WAIT_S
+    max_decode_batch: int = MAX_DECODE_BATCH
     prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS  # colocated: prefill chunk (padded tokens) between decode steps
     budget_from_profile: bool = True  # size prefill micro-batches by the pool's PREFILL profile curve
     worker_id: str | None = None

@@ -9,6 +9,12 @@ import typer
 
 from phaseroute.cli.common import console, current_settings, errors_as_messages, long_running
 from phaseroute.consumers.prefill_budget import PREFILL_CHUNK_TOKENS
+from phaseroute.consumers.worker_defaults import (
+    MAX_DECODE_BATCH,
+    PREFILL_MAX_BATCH,
+    PREFILL_MAX_BATCH_TOKENS,
+    PREFILL_MAX_WAIT_S,
+)
 
 
 @long_running(lambda kw: f"worker-{kw['pool']}-{kw['phase']}")
@@ -19,10 +25,11 @@ def worker(
     model: str = typer.Option("smollm2-135m", "--model"),
     threads: int = typer.Option(None, "--threads", help="torch threads (default: every core this process may use)."),
     device: str = typer.Option(None, "--device", help="cpu or cuda (default: the variant's)."),
-    max_batch: int = typer.Option(8, "--max-batch", help="Prefill micro-batch: most requests per batch."),
-    max_batch_tokens: int = typer.Option(4096, "--max-batch-tokens", help="Prefill micro-batch: most prompt tokens."),
-    max_wait_ms: float = typer.Option(50.0, "--max-wait-ms", help="Prefill micro-batch: longest wait of the first item."),
-    max_decode_batch: int = typer.Option(32, "--max-decode-batch", help="Most sequences in the continuous decode batch."),
+    max_batch: int = typer.Option(PREFILL_MAX_BATCH, "--max-batch", help="Prefill micro-batch: most requests per batch."),
+    max_batch_tokens: int = typer.Option(PREFILL_MAX_BATCH_TOKENS, "--max-batch-tokens", help="Prefill micro-batch: most prompt tokens."),
+    max_wait_ms: float = typer.Option(PREFILL_MAX_WAIT_S * 1000, "--max-wait-ms",
+        help="Prefill micro-batch: longest wait of the first item."),
+    max_decode_batch: int = typer.Option(MAX_DECODE_BATCH, "--max-decode-batch", help="Most sequences in the continuous decode batch."),
     prefill_chunk_tokens: int = typer.Option(PREFILL_CHUNK_TOKENS, "--prefill-chunk-tokens",
         help="Colocated: padded prompt tokens per prefill chunk between decode steps."),
     worker_id: str = typer.Option(None, "--worker-id"),
