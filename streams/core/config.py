@@ -40,6 +40,11 @@ class CoreConfig:
     per request (~0.2 ms). A tick that stopped at the cap sets ``ControlCore.more_to_release``;
     the caller ticks again at once (the live shell after yielding to its event loop, the
     simulators at the same instant), so the cap slices the work without slowing it."""
+    forget_per_step: int = 1000
+    """A finished job's requests leave the state and the store (two tombstones each: the request
+    and its prompt text) at most this many per event or tick, the rest on the next ticks (about
+    60 ms a slice in the live control plane): forgetting a 50,000-request job at once held its
+    event loop for about 4 s."""
     slots_per_worker: int = 1
     """Dispatched-but-unfinished requests per row of a worker's batch (backpressure)..."""
     kv_in_flight_factor: float = 1.5
@@ -77,6 +82,7 @@ class CoreConfig:
         owner = "CoreConfig"
         _checks.positive(owner, "tick_s", self.tick_s)
         _checks.at_least(owner, "max_releases_per_tick", self.max_releases_per_tick, 1)
+        _checks.at_least(owner, "forget_per_step", self.forget_per_step, 1)
         _checks.at_least(owner, "slots_per_worker", self.slots_per_worker, 1)
         _checks.positive(owner, "kv_in_flight_factor", self.kv_in_flight_factor)
         _checks.positive(owner, "failure_window_s", self.failure_window_s)

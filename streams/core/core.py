@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +58,7 @@ class ControlCore:
         self.quotas = dict(config.quotas)
         self._tenants_saved: dict[str, tuple[float, float]] = {}
         self._serving: frozenset[tuple[str, frozenset[Phase], frozenset[str]]] = frozenset()
+        self._forgetting: deque[tuple[str, list[str]]] = deque()  # finished jobs' requests still to forget
         self._handlers: dict[type, Callable[[Any, float], list[Decision]]] = {
             JobSubmitted: self._submitted, RequestQueued: self._queued, KvReady: self._kv_ready,
             ResultReceived: self._result, AttemptFailed: self._attempt_failed, OutputWritten: self._output_written,
@@ -82,6 +84,7 @@ class ControlCore:
         (at most ``max_releases_per_tick``: see ``more_to_release``)."""
         out: list[Decision] = []
         steps: tuple[tuple[str, Callable[[float], list[Decision] | None]], ...] = (
+            ("forget", lambda t: self._forget_some()),
             ("expire", self._expire), ("backoff", lambda t: recovery.requeue_due(self.dispatch, t)),
             ("dead pools", lambda t: recovery.redispatch_dead_pools(self.dispatch, t)),
             ("stragglers", lambda t: recovery.speculate(self.dispatch, t)), ("release", self.dispatch.release),
@@ -222,17 +225,34 @@ class ControlCore:
         return out
 
     def _forget_if_whole(self, job_id: str) -> list[Decision]:
-        """A job whose output is whole is done with: its requests leave the state and the store."""
+        """A job whose output is whole is done with: its requests leave the state and the store,
+        ``forget_per_step`` now and as many on each tick after (``_forget_some``). Until then a
+        late event of one finds it finished, as it would find it gone."""
         job = self.jobs.jobs.get(job_id)
         if job is None or not job.state.is_finished or not output_whole(job):
             return []
         ids = self.dispatch.by_job.pop(job_id, set())
         if not ids:
             return []
-        for rid in ids:
-            self.dispatch.requests.pop(rid, None)
-            self.dispatch.dirty.add(rid)
-        return [Forget(job_id, tuple(sorted(ids)))]
+        self._forgetting.append((job_id, sorted(ids, reverse=True)))
+        return self._forget_some()
+
+    def _forget_some(self) -> list[Decision]:
+        """Forget at most ``forget_per_step`` requests of finished jobs, oldest job first."""
+        budget = self.config.forget_per_step
+        out: list[Decision] = []
+        while self._forgetting and budget > 0:
+            job_id, ids = self._forgetting[0]
+            now_gone = ids[-budget:]
+            del ids[-budget:]
+            for rid in now_gone:
+                self.dispatch.requests.pop(rid, None)
+                self.dispatch.dirty.add(rid)
+            out.append(Forget(job_id, tuple(reversed(now_gone))))
+            budget -= len(now_gone)
+            if not ids:
+                self._forgetting.popleft()
+        return out
 
     def _fleet_cost_rate(self, now: float) -> float | None:
         """Measured fleet throughput in the fair scheduler's cost units per second, at the mix of
@@ -286,7 +306,8 @@ class ControlCore:
         """Rebuild the state from the store (a restart; tell the core the fleet first: it sends
         again only to pools it knows alive); the decisions to send again: the final
         failed results of requests that were failing (a result read twice counts once) and the
-        attempts dispatched in the last ``resend_after_restart_s`` (their sends may be lost)."""
+        attempts dispatched in the last ``resend_after_restart_s`` (their sends may be lost); and
+        the requests of finished jobs that a stop left unforgotten start leaving again."""
         d, store = self.dispatch, self.store
         saved = {t: (float(v["counter"]), float(v["served_cost"])) for t, v in store.tenants.items()}
         d.fair.restore(saved)
@@ -299,6 +320,9 @@ class ControlCore:
             out += self._restore_request(state, now)
         d.dirty.clear()
         self.jobs.dirty.clear()
+        for job_id in list(d.by_job):
+            out += self._forget_if_whole(job_id)
+        self._flush()
         return out
 
     def _restore_request(self, state: RequestState, now: float) -> list[Decision]:

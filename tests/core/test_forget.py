@@ -1,0 +1,80 @@
+"""A finished job's requests leave the core's state and its store in slices of
+``forget_per_step``: the event that completes the job forgets one slice, each tick after one more,
+so forgetting a large job never holds the control plane's event loop for long. A restart finishes
+what a stop left unforgotten."""
+
+from __future__ import annotations
+
+import pytest
+
+from phaseroute.streams.core import ControlCore, CoreConfig, Dispatch, FleetObserved, Forget, OutputWritten, ProfilesUpdated, ResultReceived
+from phaseroute.streams.policy import ModelSpec
+
+from .fleet import MODEL, admit, core, job, pool, table
+
+
+def _finish_all_but_the_receipt(c: ControlCore, job_id: str, n: int, now: float) -> float:
+    done = 0
+    while done < n:
+        now += 0.25
+        c.handle(FleetObserved((pool("a", now), pool("b", now))), now)
+        for d in c.tick(now):
+            if isinstance(d, Dispatch):
+                c.handle(ResultReceived(d.work.request_id, job_id, True, d.work.prompt_tokens, 8), now)
+                done += 1
+    return now
+
+
+def test_a_finished_job_is_forgotten_a_slice_per_tick() -> None:
+    now = 1000.0
+    c = core(now, forget_per_step=4)
+    admit(c, job("big", 10, now), now)
+    now = _finish_all_but_the_receipt(c, "big", 10, now)
+    assert len(c.store.requests) == 10
+
+    completing = c.handle(OutputWritten("big", 10), now)
+    assert c.jobs.jobs["big"].state.name == "COMPLETED"
+    slices = [d.request_ids for d in completing if isinstance(d, Forget)]
+    assert [len(s) for s in slices] == [4] and len(c.store.requests) == 6  # tombstones for the slice only
+    for _ in range(2):
+        now += 0.25
+        slices += [d.request_ids for d in c.tick(now) if isinstance(d, Forget)]
+    assert [len(s) for s in slices] == [4, 4, 2]
+    assert len({rid for s in slices for rid in s}) == 10  # each request once
+    assert not c.store.requests and not c.dispatch.requests and "big" not in c.dispatch.by_job
+    now += 0.25
+    assert not [d for d in c.tick(now) if isinstance(d, Forget)]  # nothing left, nothing more
+
+
+def test_a_late_result_while_its_job_is_being_forgotten_changes_nothing() -> None:
+    now = 1000.0
+    c = core(now, forget_per_step=3)
+    admit(c, job("j", 6, now), now)
+    now = _finish_all_but_the_receipt(c, "j", 6, now)
+    c.handle(OutputWritten("j", 6), now)
+    left = next(iter(c.dispatch.requests))  # one not forgotten yet
+    record = c.jobs.jobs["j"]
+    before = (record.state, record.done, record.failed)
+    assert c.handle(ResultReceived(left, "j", False, 50, 0), now) == []  # a copy's late failure
+    assert (record.state, record.done, record.failed) == before
+
+
+def test_a_restart_forgets_what_a_stop_left_of_a_finished_job() -> None:
+    now = 1000.0
+    first = core(now, forget_per_step=4)
+    admit(first, job("j", 10, now), now)
+    now = _finish_all_but_the_receipt(first, "j", 10, now)
+    first.handle(OutputWritten("j", 10), now)
+    assert len(first.store.requests) == 6  # the stop comes before the next tick
+
+    again = ControlCore(CoreConfig(models={MODEL: ModelSpec(MODEL, 4096)}, forget_per_step=4), first.store, seed=1)
+    again.handle(FleetObserved((pool("a", now), pool("b", now))), now)
+    again.handle(ProfilesUpdated(table(["a", "b"], now)), now)
+    forgotten = [len(d.request_ids) for d in again.restore(now + 1) if isinstance(d, Forget)]
+    forgotten += [len(d.request_ids) for d in again.tick(now + 1.25) if isinstance(d, Forget)]
+    assert forgotten == [4, 2] and not first.store.requests and not again.dispatch.requests
+
+
+def test_forget_per_step_below_one_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="forget_per_step"):
+        CoreConfig(forget_per_step=0)
