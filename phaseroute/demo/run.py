@@ -126,7 +126,12 @@ def print_summary(doc: dict[str, Any], console: Console) -> None:
     for p in drift.get("paths", []):
         table.add_row(str(p["path"]), str(p["state_now"]), str(p["exact_ok_now"]), f"{p['top1_now']:.3f}",
                       f"{p['mean_kl_now']:.3g}", str(p["rounds"]))
-    console.print(table)
+    if table.row_count:
+        console.print(table)
+    else:  # canaries go through the fair scheduler at a small share of the tokens while jobs queue
+        console.print("quality drift: no canary round finished during the jobs (canaries get a small share of "
+                      "the tokens while tenants' work waits); `phaseroute drift measure` on a running stack "
+                      "measures the paths", highlight=False)
     for alert in drift.get("alerts", []):
         console.print(f"  alert {alert['at_utc']} {alert['path']} {alert['kind']}: {alert['reason']}", highlight=False)
     console.print(f"{doc['output_tokens']} output tokens in {doc['wall_s']} s = {doc['output_tokens_per_s']} tokens/s; "
