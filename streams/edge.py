@@ -77,10 +77,8 @@ def kv_ready(record: dict[str, Any]) -> KvReady:
 
 
 def result(record: dict[str, Any]) -> ResultReceived:
-    completed_ms = record.get("completed_at")
     return ResultReceived(str(record["request_id"]), str(record["job_id"]), record["status"] == "OK",
-                          int(record["prompt_tokens"]), int(record["completion_tokens"]),
-                          completed_ms / 1000 if completed_ms is not None else None)
+                          int(record["prompt_tokens"]), int(record["completion_tokens"]))
 
 
 def failure_kind(error_class: str, retryable: bool) -> FailureKind:

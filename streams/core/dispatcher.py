@@ -43,7 +43,7 @@ from .config import CoreConfig
 from .decisions import Decision, Dispatch, FailRequest, Problem
 from .events import AttemptFailed, KvReady, RequestQueued, ResultReceived
 from .fleet import FleetState
-from .state import Attempt, PastAttempt, ReadLag, RequestState, RequestStatus
+from .state import Attempt, PastAttempt, RequestState, RequestStatus
 
 
 @dataclass
@@ -84,7 +84,6 @@ class Dispatcher:
         self.table = ProfileTable()
         self.fleet_cost_per_s: float | None = None
         self.reports = Reports()
-        self.read_lag = ReadLag()  # how late results are read (straggler checks allow for it)
         self.dirty: set[str] = set()  # requests whose persisted record changed
         self.on_pool: dict[str, set[tuple[str, int]]] = {}  # pool -> (request, attempt) live there
         self.backoff: list[tuple[float, int, str]] = []  # (retry_at, seq, request)
@@ -170,8 +169,6 @@ class Dispatcher:
 
     def result(self, ev: ResultReceived, now: float) -> Closed | None:
         """The request's first result ends it; None for any later one (a copy, a replay)."""
-        if ev.completed_at is not None:
-            self.read_lag.observe(ev.completed_at, now)
         state = self.requests.get(ev.request_id)
         if state is None or state.status.is_finished:
             return None

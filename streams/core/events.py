@@ -78,7 +78,6 @@ class ResultReceived:
     ok: bool
     prompt_tokens: int
     completion_tokens: int
-    completed_at: float | None = None  # when its worker finished it (seconds; that worker's clock)
 
 
 @dataclass(frozen=True, slots=True)

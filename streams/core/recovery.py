@@ -5,9 +5,7 @@
   ``policy.redispatch_lost`` decides which of the attempts on it are placed again (at once, away
   from the dead pools; a request with a live attempt elsewhere keeps that one).
 - An attempt is looked at when it starts a phase and again when its profile says it may be late;
-  ``policy.find_stragglers`` decides whether it gets a speculative copy on another pool, as of
-  the newest finished work the core has read (``state.ReadLag``): a core reading its results
-  30 s late would otherwise copy attempts that finished long ago.
+  ``policy.find_stragglers`` decides whether it gets a speculative copy on another pool.
 Each touches only the requests concerned (heaps and the attempts-by-pool index), so a tick
 costs the same with ten or a hundred thousand requests waiting.
 """
@@ -81,8 +79,6 @@ def speculate(d: Dispatcher, now: float) -> list[Decision]:
     out: list[Decision] = []
     recheck = d.config.straggler_recheck_s
     variants = {p.name: p.variant for p in d.fleet.states()}
-    lag = d.read_lag.at(now)
-    judged_at = now - lag  # the newest moment whose results the core has read
     while heap and heap[0][0] <= now:
         _, _, rid, number, phase = heapq.heappop(heap)
         state = d.requests.get(rid)
@@ -92,7 +88,7 @@ def speculate(d: Dispatcher, now: float) -> list[Decision]:
         if len(state.attempts) > d.config.retry.max_speculative_copies or state.pin is not None:
             continue  # it has its copy already, or it measures its own path (no copy elsewhere)
         running = _running(d, state)
-        copies = find_stragglers(running, d.table, d.fleet.states(), judged_at, d.config.retry)
+        copies = find_stragglers(running, d.table, d.fleet.states(), now, d.config.retry)
         if copies:
             sent = d.dispatch(state, now, speculative=True, avoid=copies[0].avoid_pools)
             if isinstance(sent, Dispatch):
@@ -101,7 +97,7 @@ def speculate(d: Dispatcher, now: float) -> list[Decision]:
             at = now + recheck  # no other pool can take the copy now
         else:
             mine = next(r for r in running if r.attempt == number)
-            limit = straggler_limit_s(mine, d.table, variants.get(mine.pool, ""), judged_at, d.config.retry)
-            at = now + recheck if limit is None else max(mine.started_at + limit + lag, now) + d.config.tick_s
+            limit = straggler_limit_s(mine, d.table, variants.get(mine.pool, ""), now, d.config.retry)
+            at = now + recheck if limit is None else max(mine.started_at + limit, now) + d.config.tick_s
         heapq.heappush(heap, (at, d._next_seq(), rid, number, phase))
     return out

@@ -30,25 +30,6 @@ from phaseroute.schemas.enums import JobState, Phase, QualityTier
 from phaseroute.streams.policy import RequestWork
 
 
-@dataclass
-class ReadLag:
-    """How far behind the finished work the core reads its results: the age of the last result
-    when it was read (its worker's ``completed_at`` to the core's ``now``, at most ``cap_s``; a
-    clock behind the core's reads as no lag), counted down in real time since, as a backlog of
-    results drains at least that fast. While the core reads late, an attempt that looks late may
-    have finished already: straggler checks judge attempts as of ``now - lag``."""
-
-    cap_s: float = 300.0
-    lag_s: float = 0.0
-    seen_at: float = 0.0
-
-    def observe(self, completed_at: float, now: float) -> None:
-        self.lag_s, self.seen_at = min(max(0.0, now - completed_at), self.cap_s), now
-
-    def at(self, now: float) -> float:
-        return max(0.0, self.lag_s - max(0.0, now - self.seen_at))
-
-
 class RequestStatus(IntEnum):
     QUEUED = 0
     BACKOFF = 1
