@@ -25,6 +25,15 @@ def _finish_all_but_the_receipt(c: ControlCore, job_id: str, n: int, now: float)
     return now
 
 
+def _whole(job_id: str, n: int, per_step: int, now: float) -> tuple[ControlCore, float]:
+    """A core whose job of ``n`` requests has every result read and its whole output written."""
+    c = core(now, forget_per_step=per_step)
+    admit(c, job(job_id, n, now), now)
+    now = _finish_all_but_the_receipt(c, job_id, n, now)
+    c.handle(OutputWritten(job_id, n), now)
+    return c, now
+
+
 def test_a_finished_job_is_forgotten_a_slice_per_tick() -> None:
     now = 1000.0
     c = core(now, forget_per_step=4)
@@ -47,11 +56,7 @@ def test_a_finished_job_is_forgotten_a_slice_per_tick() -> None:
 
 
 def test_a_late_result_while_its_job_is_being_forgotten_changes_nothing() -> None:
-    now = 1000.0
-    c = core(now, forget_per_step=3)
-    admit(c, job("j", 6, now), now)
-    now = _finish_all_but_the_receipt(c, "j", 6, now)
-    c.handle(OutputWritten("j", 6), now)
+    c, now = _whole("j", 6, 3, 1000.0)
     left = next(iter(c.dispatch.requests))  # one not forgotten yet
     record = c.jobs.jobs["j"]
     before = (record.state, record.done, record.failed)
@@ -60,11 +65,7 @@ def test_a_late_result_while_its_job_is_being_forgotten_changes_nothing() -> Non
 
 
 def test_a_restart_forgets_what_a_stop_left_of_a_finished_job() -> None:
-    now = 1000.0
-    first = core(now, forget_per_step=4)
-    admit(first, job("j", 10, now), now)
-    now = _finish_all_but_the_receipt(first, "j", 10, now)
-    first.handle(OutputWritten("j", 10), now)
+    first, now = _whole("j", 10, 4, 1000.0)
     assert len(first.store.requests) == 6  # the stop comes before the next tick
 
     again = ControlCore(CoreConfig(models={MODEL: ModelSpec(MODEL, 4096)}, forget_per_step=4), first.store, seed=1)
