@@ -105,6 +105,9 @@ QUALITY_ALERTS = "quality.alerts"
 DEADLETTER = "deadletter"
 TENANTS = "tenants"
 CONTROL_LEASE = "control.lease"
+JOBS_ADMISSIONS = "jobs.admissions"
+CONTROL_LOAD = "control.load"
+ADMISSION_GROUP = "phaseroute-admission"  # the admission desks' consumer group on jobs.submitted
 
 
 def prefill_topic(pool: str) -> str:
@@ -128,6 +131,9 @@ STATIC_TOPICS: tuple[TopicSpec, ...] = (
              "Every job life-cycle event: admitted, rejected + reason, progress, done.", retention_ms=30 * DAY_MS),
     _control(JOBS_STATE, "job_event", "job_id",
              "Latest event per job (compacted): job state rebuilt after any restart.", compacted=True, retention_ms=-1),
+    _control(JOBS_ADMISSIONS, "job_admission", "job_id",
+             "Admission desks' verdicts (compacted), for the tracker to take and for the desk that owns the job's "
+             "partition to know its id; co-partitioned with jobs.submitted.", compacted=True, retention_ms=-1),
     _control(REQUESTS_PENDING, "request", "tenant", "Admitted requests waiting for the fair scheduler."),
     _control(KV_READY, "kv_ready", "job_id", "Prefill finished: where the KV blob is, its size and checksum."),
     _control(RESULTS, "result", "job_id", "One result per finished attempt (dedup by request_id downstream)."),
@@ -149,6 +155,9 @@ STATIC_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(CONTROL_LEASE, 1, "none", "none (no records)",
               "The control plane's lease: the instance its consumer group assigns the one partition to is the "
               "active control plane, the others are standbys (infra/control_lease.py)."),
+    TopicSpec(CONTROL_LOAD, 1, "load_snapshot", "the literal 'load'",
+              "The active dispatcher's load (backlog per job, age-stamped) every second, for the admission desks.",
+              compacted=True, retention_ms=DAY_MS),
     TopicSpec(DEADLETTER, 1, "dead_letter", "source topic",
               "Undecodable or invalid messages, each with its reason.", retention_ms=30 * DAY_MS),
 )

@@ -93,6 +93,17 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
         "job_id": JOB_ID, "lines": 1, "path": f"tenants/{TENANT}/outputs/{JOB_ID}/",
         "writer": "result-sink.4242", "at": T0 + 510,
     },
+    "job_admission": {
+        "job_id": JOB_ID, "tenant": TENANT, "model": MODEL, "priority": 1, "submitted_at": T0, "deadline": T0 + 3_600_000,
+        "quality_tier": "EXACT", "state": "ADMITTED", "reason": "estimated completion 2026-12-06T10:00:40Z",
+        "requests_total": 1, "prefill_left": 21, "decode_left": 64, "estimated_completion": T0 + 40_000,
+        "submissions": 1, "desk": "control-1@host:4242", "at": T0 + 120,
+    },
+    "load_snapshot": {
+        "at": T0 + 1_000, "dispatcher": "control-1@host:4242", "admissions_through": T0 + 120, "queued_requests": 1,
+        "backlog": [{"job_id": JOB_ID, "tenant": TENANT, "model": MODEL, "deadline": T0 + 3_600_000,
+                     "prefill_left": 21, "decode_left": 64}],
+    },
     "phase_telemetry": {
         "batch_id": "cpu-int8-b-0/000173", "pool": "cpu-int8-b", "worker_id": "cpu-int8-b-0", "model": MODEL,
         "phase": "DECODE", "variant": "int8-dynamic", "batch_size": 8, "tokens_in": 0, "tokens_out": 72,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from phaseroute.schemas.control_records import JobAdmission, LoadSnapshot
 from phaseroute.schemas.errors import UnknownKindError
 from phaseroute.schemas.ops_records import (
     AttemptFailed,
@@ -31,7 +32,7 @@ RECORD_TYPES: dict[str, type[AvroRecord]] = {
     for cls in (
         JobSubmitted, JobCommand, JobEvent, Request, PrefillWork, KvReady, DecodeWork, Result, OutputWritten,
         PhaseTelemetry, PoolHeartbeat, ProfileRow, DeadLetter, AttemptFailed, DriftMeasurement, QualityAlert,
-        Tenant,
+        Tenant, JobAdmission, LoadSnapshot,
     )
 }
 

@@ -2,10 +2,10 @@
 
 Life of a job through the agents (each hands its record to ``ControlShell``, which asks the
 pure ``ControlCore`` and returns what to send):
-- ``submit`` on ``jobs.submitted``: intake (the input from the tenant's blob-store prefix,
-  validated, rendered, tokenized) runs in a worker thread, off the event loop, for up to
-  ``INTAKE_CONCURRENCY`` jobs at once (a small job does not wait for a big file), then admission ->
-  ``jobs.events`` / ``jobs.state`` and the requests streamed to ``requests.pending``;
+- admission runs before, at the admission desks of every instance (``admitter.py``, partitioned
+  by job id): ``admitted`` on ``jobs.admissions`` -> the tracker takes each desk's verdict; the
+  ``publish_load`` timer (every second) sends the dispatcher's load snapshot the desks judge
+  against to ``control.load``;
 - ``pending`` on ``requests.pending`` -> the fair queues (the text goes to the ``prompts`` table);
 - the ``dispatch`` timer (every ``tick_s``) -> ``prefill.<pool>`` work, retries, speculative
   copies, work of dead pools placed again, expiries;
@@ -19,16 +19,15 @@ on (Faust would otherwise ack the event silently, or stop the app from a timer).
 state lives in changelog-backed tables (``jobs``, ``requests``, ``tenants``; ``prompts`` holds
 each request's text once); after a restart the tables are rebuilt from Kafka and ``restore``
 rebuilds the core from them, without blocking the event loop while the profile and pool views
-catch up. One control-plane process owns all partitions: it runs only while it holds the
-control lease (``infra/control_lease.py``, started by ``phaseroute control``), and standby
-instances take over from these same tables when it dies. Admission and tracking are not yet
-partitioned across instances (jobs and requests are keyed so they can be).
+catch up. One dispatcher at a time: this app runs only in the instance that holds the control
+lease (``infra/control_lease.py``, started by ``phaseroute control``), and a standby takes over
+from these same tables when it dies. Admission is partitioned across the instances; tracking
+(results, receipts, completion) still runs here, beside the dispatcher.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import logging
 import time
@@ -41,7 +40,7 @@ import faust
 
 from phaseroute.config import Settings
 from phaseroute.infra import topics
-from phaseroute.infra.blobstore import open_blob_store, output_prefix
+from phaseroute.infra.blobstore import output_prefix
 from phaseroute.infra.kafka_security import faust_credentials
 from phaseroute.infra.topic_follower import TopicFollower
 from phaseroute.infra.topics import CONTROL_PARTITIONS
@@ -65,13 +64,12 @@ from phaseroute.streams.views import PoolView, ProfileView
 log = logging.getLogger(__name__)
 APP_ID = topics.CONTROL_APP_ID
 CATCH_UP_S = 15.0  # how long a (re)start waits for the profile and pool views before it dispatches anyway
-# Jobs are independent: a few are taken in at once, so a small job is not queued behind the
-# intake of a 50,000-line file (the intakes run in threads; the core is only touched on the loop)
-INTAKE_CONCURRENCY = 4
+LOAD_EVERY_S = 1.0  # how often the dispatcher's load snapshot goes to the admission desks
 SERVED_MODELS = ("smollm2-135m",)  # the models the control plane admits jobs for
 
-# (topic, Avro kind, agent name): every topic the control plane reads besides jobs.submitted
+# (topic, Avro kind, agent name): every topic the control plane reads
 _INPUTS = (
+    (topics.JOBS_ADMISSIONS, "job_admission", "admitted"),
     (topics.REQUESTS_PENDING, "request", "pending"), (topics.KV_READY, "kv_ready", "kv_ready"),
     (topics.RESULTS, "result", "result"), (topics.ATTEMPTS_FAILED, "attempt_failed", "attempt_failed"),
     (topics.RESULTS_WRITTEN, "output_written", "output_written"), (topics.JOBS_COMMANDS, "job_command", "cancel"),
@@ -91,11 +89,12 @@ class TableStore:
 
 def build_app(settings: Settings, tenants_file: Path | None = None, models: tuple[str, ...] = SERVED_MODELS,
               tenant_records: Iterable[Mapping[str, Any]] = (), infos: Mapping[str, ModelInfo] | None = None,
-              **overrides: Any) -> tuple[faust.App, dict[str, Any]]:
+              instance: str = "control", **overrides: Any) -> tuple[faust.App, dict[str, Any]]:
     """The Faust app and a handle dict (``shell``, ``core``, views) for the caller to inspect.
     Tenants come from the registry's records (and a YAML file of them); ``infos``: the models'
     catalogue entries when the caller loaded them already (a standby does, before it waits);
-    ``overrides`` are ``CoreConfig`` fields (tests shorten timeouts with them)."""
+    ``instance``: this instance's id (it signs the load snapshots); ``overrides`` are
+    ``CoreConfig`` fields (tests shorten timeouts with them)."""
     if infos is None:
         infos = {m: load_model_info(m, settings.model_cache) for m in models}
     infos = dict(infos)
@@ -127,8 +126,7 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
     prompts = table("prompts")
     core = ControlCore(config, store)
     profile_view, pool_view = ProfileView(), PoolView(dead_after_s=config.heartbeat_timeout_s)
-    shell = ControlShell(core, prompts, infos, output_prefix, pool_view, profile_view, open_blob_store(settings.blob_store))
-    intake_pool = concurrent.futures.ThreadPoolExecutor(max_workers=INTAKE_CONCURRENCY, thread_name_prefix="intake")
+    shell = ControlShell(core, prompts, infos, output_prefix, pool_view, profile_view)
     handle: dict[str, Any] = {"shell": shell, "core": core, "profiles": profile_view, "pools": pool_view,
                               "followers": [], "ready": False, "restoring": False}
     out_topics: dict[tuple[str, str], faust.TopicT] = {}
@@ -147,7 +145,7 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
             raw, message.key, message.topic, message.partition, message.offset, exc, DeadLetterStage.PROCESS,
             f"control/{where}", ms(time.time())))
 
-    def agent_for(source: str, kind: str, name: str, concurrency: int = 1) -> None:
+    def agent_for(source: str, kind: str, name: str) -> None:
         async def process(stream: Any) -> None:
             async for event in stream.events():
                 while not handle["ready"]:  # the views and the restored core come first
@@ -159,21 +157,14 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
                     continue
                 record = value.to_dict() if hasattr(value, "to_dict") else value
                 try:
-                    if kind == "job_submitted":
-                        scan = await asyncio.get_running_loop().run_in_executor(intake_pool, shell.intake, record)
-                        sends: Iterable[Send] = shell.submitted(record, scan, time.time(),
-                                                                (m.topic, m.partition, m.offset, record))
-                    else:
-                        sends = shell.on_record(kind, record, time.time(), (m.topic, m.partition, m.offset, record))
-                    await send_all(sends)
+                    await send_all(shell.on_record(kind, record, time.time(), (m.topic, m.partition, m.offset, record)))
                 except Exception as exc:  # one bad event must not stop the agent
                     log.exception("control/%s failed on %s", name, m.key)
                     await dead_letter(m, record, name, exc)
 
         process.__name__ = f"{name}_agent"
-        app.agent(topic(source, kind), name=f"{APP_ID}.{name}", concurrency=concurrency)(process)
+        app.agent(topic(source, kind), name=f"{APP_ID}.{name}")(process)
 
-    agent_for(topics.JOBS_SUBMITTED, "job_submitted", "submit", concurrency=INTAKE_CONCURRENCY)
     for source, kind, name in _INPUTS:
         agent_for(source, kind, name)
 
@@ -209,6 +200,15 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
         handle["ready"] = True
 
     ticks = TickStats()
+
+    @app.timer(interval=LOAD_EVERY_S)
+    async def publish_load() -> None:
+        """The dispatcher's load for the admission desks (they judge only against a fresh one)."""
+        if handle["ready"]:
+            try:
+                await send_all([shell.load(instance, time.time())])
+            except Exception:  # a failed publish must not stop the app: the next one runs
+                log.exception("control/publish_load failed")
 
     @app.timer(interval=config.tick_s)
     async def dispatch() -> None:

@@ -2,12 +2,10 @@
 
 Life of a job through the shell (the Faust app in ``app.py`` only moves records between Kafka
 and these methods, and persists the mappings it is given):
-- ``intake`` (run outside the event loop: it reads and tokenizes) streams a submitted job's input
-  from the tenant's own blob-store prefix, validates it line by line, renders and counts the
-  prompts into a spool (``streams/intake.py``); ``submitted`` hands the counts to the core and,
-  once the job is ADMITTED, streams each request to ``requests.pending`` with its text from the
-  spool (a 50,000-line job is never a list of records in memory); the line errors of an
-  invalid file go to the blob store for the Batch API.
+- admission ran before, at an admission desk (``admission_desk.py``, partitioned by job across
+  the instances): ``on_record`` turns its verdict from ``jobs.admissions`` into ``JobAdmitted``
+  and the core's tracker takes the job; ``load`` is the dispatcher's load snapshot the desks
+  judge the next jobs against;
 - ``on_record`` turns every other record into its core event (``edge.py``); a request read back
   from ``requests.pending`` leaves its text and sampling in ``prompts`` — the only place the text
   is kept — and ``Dispatch`` decisions read it from there to build ``prefill.<pool>`` work. The
@@ -25,14 +23,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from phaseroute.infra import topics
-from phaseroute.infra.blobstore import BlobStore
 from phaseroute.schemas.deadletter import to_dead_letter
 from phaseroute.schemas.enums import DeadLetterStage, Phase
 from phaseroute.streams import edge
+from phaseroute.streams.admission_edge import job_admitted, load_send
 from phaseroute.streams.core import (
     AttemptFailed,
     ControlCore,
@@ -44,15 +42,12 @@ from phaseroute.streams.core import (
     JobChanged,
     Problem,
     ProfilesUpdated,
-    PromptSize,
     QueueRequest,
 )
 from phaseroute.streams.core.events import Event
 from phaseroute.streams.edge import Send
-from phaseroute.streams.intake import IntakeLimits, IntakeScan, scan_job_input
 from phaseroute.streams.model_catalog import ModelInfo
 from phaseroute.streams.policy import FailureKind
-from phaseroute.streams.validation_report import write_validation_errors
 from phaseroute.streams.views import PoolView, ProfileView
 
 log = logging.getLogger(__name__)
@@ -64,7 +59,7 @@ SERVICE = "control"
 
 _EVENTS: dict[str, Callable[[dict[str, Any]], Event | None]] = {
     "kv_ready": edge.kv_ready, "result": edge.result, "attempt_failed": edge.attempt_failed,
-    "output_written": edge.output_written, "job_command": edge.cancel,
+    "output_written": edge.output_written, "job_command": edge.cancel, "job_admission": job_admitted,
 }
 
 
@@ -73,52 +68,13 @@ Origin = tuple[str, int | None, int | None, dict[str, Any]]  # topic, partition,
 
 class ControlShell:
     def __init__(self, core: ControlCore, prompts: MutableMapping[str, Any], models: dict[str, ModelInfo],
-                 output_file: Callable[[str, str], str | None], pools: PoolView, profiles: ProfileView,
-                 store: BlobStore | None = None, limits: IntakeLimits = IntakeLimits()) -> None:
+                 output_file: Callable[[str, str], str | None], pools: PoolView, profiles: ProfileView) -> None:
         self.core = core
-        self.store, self.limits = store, limits
         self.prompts = prompts  # request id -> {"prompt": text, "sampling": {...}}
         self.models = models
         self.output_file = output_file
         self.pools, self.profiles = pools, profiles  # what heartbeats and the profiles topic say
         self._profiles_version: object = None
-
-    # -- jobs in -------------------------------------------------------------------------------
-    def intake(self, record: dict[str, Any]) -> IntakeScan | None:
-        """Read, validate, render and count the job's input (blocking: run it off the event loop).
-        None when there is nothing to read: an unknown model (the core answers the job)."""
-        model = self.models.get(record["model"])
-        if model is None:
-            return None
-        return scan_job_input(record, self.store, model, self.limits)
-
-    def submitted(self, record: dict[str, Any], scan: IntakeScan | None, now: float,
-                  origin: Origin | None = None) -> Iterator[Send]:
-        """The job's verdict, then (admitted) its requests, streamed from the scan's spool."""
-        error = None
-        if scan is None:
-            error = f"unknown model {record['model']!r}; this deployment serves {sorted(self.models)}"
-        elif not scan.ok:
-            error = scan.reason()
-            if scan.errors and self.store is not None:
-                write_validation_errors(self.store, record["tenant"], record["job_id"], scan)
-        sizes = [PromptSize(p.custom_id, p.tokens, p.max_tokens) for p in scan.prompts] if scan and scan.ok else []
-        out = self._observe(now)  # admission judges against the fleet as it is now
-        decisions = self.core.handle(edge.job_submitted(record, sizes, error), now)
-        queued = [d for d in decisions if isinstance(d, QueueRequest)]
-        # the verdict first: results of a big job's first requests may come back while the rest stream
-        out += self.sends_of([d for d in decisions if not isinstance(d, QueueRequest)], now, origin)
-        yield from out
-        if not queued or scan is None:
-            if scan is not None:
-                scan.close()
-            return
-        try:
-            for d, text in zip(queued, scan.texts(), strict=True):
-                yield Send(topics.REQUESTS_PENDING, d.request.tenant, "request",
-                           edge.pending_request(d.request, text, record["sampling"], int(record["submitted_at"])))
-        finally:
-            scan.close()
 
     # -- everything else -----------------------------------------------------------------------
     def on_record(self, kind: str, record: dict[str, Any], now: float, origin: Origin | None = None) -> list[Send]:
@@ -136,6 +92,11 @@ class ControlShell:
     def tick(self, now: float) -> list[Send]:
         """Report the pools and the profiles, then run the core's clock."""
         return self._observe(now) + self.sends_of(self.core.tick(now), now)
+
+    def load(self, dispatcher: str, now: float) -> Send:
+        """The dispatcher's load snapshot for the admission desks (``control.load``)."""
+        jobs, fair = self.core.jobs, self.core.dispatch.fair
+        return load_send(jobs.backlog(), self.core.admissions_through, fair.queued_requests(), dispatcher, now)
 
     def _observe(self, now: float) -> list[Send]:
         """The pools as heartbeats say now, and the profile table when it changed, to the core."""

@@ -1,9 +1,11 @@
 """``phaseroute control``: one control-plane instance, active or standby.
 
-Life of an instance: it joins the control lease (``infra/control_lease.py``) and waits as a
-standby while another instance holds it; once it holds the lease it reads the tenant registry,
-builds the Faust app (``streams/app.py``: admission, fair scheduler, router, tracker) and runs
-it until SIGTERM, then leaves the lease so a standby takes over at once. Should it lose the
+Life of an instance: it starts its admission desk (``streams/admitter.py``: it judges the
+submitted jobs of the ``jobs.submitted`` partitions the admission group gives it, active or
+standby alike), joins the control lease (``infra/control_lease.py``) and waits as a standby while
+another instance holds it; once it holds the lease it reads the tenant registry, builds the
+Faust app (``streams/app.py``: fair scheduler, router, tracker) and runs it until SIGTERM,
+then leaves the lease so a standby takes over at once. Should it lose the
 lease while it runs (cut off from the brokers past its session timeout), it stops dispatching
 at once and starts again as a standby: another instance may hold the lease by then.
 """
@@ -37,18 +39,24 @@ def _start_again_as_standby(reason: str) -> None:
 
 def control(tenants: Path = typer.Option(None, "--tenants", help="Deprecated YAML {tenant: {weight, ...}}: prefer "
                                          "`phaseroute tenants import FILE`.")) -> None:
-    """Run one control-plane instance until SIGTERM: active while it holds the control lease
-    (admission, fair scheduler, router, tracker), a standby while another instance does.
-    Start several (`phaseroute up --control N`) for fail-over."""
+    """Run one control-plane instance until SIGTERM: its admission desk judges the jobs of the
+    partitions it owns; it dispatches (fair scheduler, router, tracker) while it holds the
+    control lease, and is a standby while another instance does. Start several
+    (`phaseroute up --control N`) to share admission and for fail-over."""
     import faust
     from confluent_kafka import KafkaException
 
     from phaseroute.api.kafka_io import BrokerUnavailable
     from phaseroute.api.registry import read_tenants
     from phaseroute.infra import processes, provision, topics
-    from phaseroute.infra.control_lease import ControlLease
+    from phaseroute.infra.blobstore import open_blob_store, output_prefix
+    from phaseroute.infra.control_lease import ControlLease, instance_id
+    from phaseroute.streams.admission_desk import AdmissionDesk
+    from phaseroute.streams.admitter import Admitter
     from phaseroute.streams.app import SERVED_MODELS, build_app
     from phaseroute.streams.model_catalog import load_model_info
+    from phaseroute.streams.settings import core_config
+    from phaseroute.streams.views import PoolView, ProfileView
 
     settings = current_settings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -56,7 +64,13 @@ def control(tenants: Path = typer.Option(None, "--tenants", help="Deprecated YAM
     # what takes seconds (the tokenizers) is done before the wait: a standby takes over warm
     infos = {m: load_model_info(m, settings.model_cache) for m in SERVED_MODELS}
     with errors_as_messages(BrokerUnavailable, ValueError, KafkaException):
-        provision.provision(settings.bootstrap_servers, [topics.spec_for(topics.CONTROL_LEASE)])
+        provision.provision(settings.bootstrap_servers, [topics.spec_for(t) for t in (
+            topics.CONTROL_LEASE, topics.JOBS_ADMISSIONS, topics.CONTROL_LOAD)])
+        config = core_config(infos, tenants, list(read_tenants(settings.bootstrap_servers).values()))
+        desk = AdmissionDesk(instance_id(name), config, infos, PoolView(config.heartbeat_timeout_s), ProfileView(),
+                             output_prefix, open_blob_store(settings.blob_store))
+        admitter = Admitter(settings.bootstrap_servers, desk, instance_id(name), settings.control_session_timeout_s)
+        admitter.start()
     lease = ControlLease(settings.bootstrap_servers, name, settings.control_session_timeout_s,
                          on_lost=_start_again_as_standby, cluster=settings.kafka_client_config)
     try:
@@ -65,7 +79,8 @@ def control(tenants: Path = typer.Option(None, "--tenants", help="Deprecated YAM
         log.info("%s: holds the control lease after %.1f s: active", name, waited)
         with errors_as_messages(BrokerUnavailable, ValueError):
             records = list(read_tenants(settings.bootstrap_servers).values())
-        app, _handle = build_app(settings, tenants, tenant_records=records, infos=infos)
+        app, _handle = build_app(settings, tenants, tenant_records=records, infos=infos, instance=instance_id(name))
         faust.Worker(app, loglevel="info", redirect_stdouts=False).execute_from_commandline()
     finally:
         lease.close()
+        admitter.stop()

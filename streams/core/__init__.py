@@ -4,10 +4,11 @@ The live control plane (the Faust shell in ``streams/app.py``) and the simulator
 (``sim/core_driver.py``) both drive ``ControlCore``: events in (``events``), decisions out
 (``decisions``), state persisted to a ``CoreStore``. Modules: ``state`` (statuses, requests,
 attempts, jobs and their records), ``config``, ``fleet`` (pools + the core's own counts),
-``jobs`` (admission and tracking, keyed by job), ``dispatcher`` (fair release, routing,
+``admission`` (the verdict on a submitted job), ``jobs`` (tracking, keyed by job), ``dispatcher`` (fair release, routing,
 attempts, keyed by request), ``recovery`` (back-offs, dead pools, stragglers), ``core``.
 """
 
+from .admission import Verdict, judge
 from .config import CoreConfig
 from .core import ControlCore
 from .decisions import Decision, Dispatch, FailRequest, Forget, JobChanged, Problem, QueueRequest
@@ -17,6 +18,7 @@ from .events import (
     CancelRequested,
     Event,
     FleetObserved,
+    JobAdmitted,
     JobSubmitted,
     KvReady,
     OutputWritten,
@@ -43,6 +45,7 @@ __all__ = [
     "FailRequest",
     "FleetObserved",
     "Forget",
+    "JobAdmitted",
     "JobChanged",
     "JobRecord",
     "JobSubmitted",
@@ -59,4 +62,6 @@ __all__ = [
     "RequestStatus",
     "ResultReceived",
     "TenantsUpdated",
+    "Verdict",
+    "judge",
 ]

@@ -45,6 +45,10 @@ class CoreConfig:
     and its prompt text) at most this many per event or tick, the rest on the next ticks (about
     60 ms a slice in the live control plane): forgetting a 50,000-request job at once held its
     event loop for about 4 s."""
+    early_event_ttl_s: float = 600.0
+    """A result, receipt or cancel of a job whose verdict the tracker has not read yet waits this
+    long for it (in memory): the admission desk sends the verdict before the job's requests, but
+    the tracker reads ``jobs.admissions`` apart from the other topics."""
     slots_per_worker: int = 1
     """Dispatched-but-unfinished requests per row of a worker's batch (backpressure)..."""
     kv_in_flight_factor: float = 1.5
@@ -84,6 +88,7 @@ class CoreConfig:
         _checks.at_least(owner, "max_releases_per_tick", self.max_releases_per_tick, 1)
         _checks.at_least(owner, "forget_per_step", self.forget_per_step, 1)
         _checks.at_least(owner, "slots_per_worker", self.slots_per_worker, 1)
+        _checks.positive(owner, "early_event_ttl_s", self.early_event_ttl_s)
         _checks.positive(owner, "kv_in_flight_factor", self.kv_in_flight_factor)
         _checks.positive(owner, "failure_window_s", self.failure_window_s)
         _checks.positive(owner, "unplaced_backoff_s", self.unplaced_backoff_s)

@@ -2,7 +2,9 @@
 simulator drive. Events in, decisions out; no Kafka, no Faust, no clock (``now`` is passed in).
 
 Life of a job through the core:
-``JobSubmitted`` -> admission (``jobs.JobBook``) -> ``QueueRequest`` per request, ``JobChanged``;
+``JobSubmitted`` -> admission (``admission.judge``) -> ``QueueRequest`` per request, ``JobChanged``,
+and the tracker (``jobs.JobBook``) takes the job; or, when admission ran elsewhere (the live
+admission desks), ``JobAdmitted`` -> the tracker takes the desk's verdict;
 ``RequestQueued`` -> the fair queues (``dispatcher.Dispatcher``); ``tick`` -> expiries, due
 back-offs, dead pools, stragglers (``recovery``), then release + routing -> ``Dispatch``;
 ``KvReady`` / ``AttemptFailed`` / ``ResultReceived`` move requests on (retries, give-ups ->
@@ -28,6 +30,7 @@ from phaseroute.schemas.enums import JobEventKind, JobState
 from phaseroute.streams.policy import Phase, RequestWork, fleet_tokens_per_s, measured_quality_refusal, path_quality
 
 from . import recovery
+from .admission import judge
 from .config import CoreConfig
 from .decisions import Decision, Dispatch, FailRequest, Forget, Problem
 from .dispatcher import Dispatcher, Reports
@@ -36,6 +39,7 @@ from .events import (
     CancelRequested,
     Event,
     FleetObserved,
+    JobAdmitted,
     JobSubmitted,
     KvReady,
     OutputWritten,
@@ -59,8 +63,11 @@ class ControlCore:
         self._tenants_saved: dict[str, tuple[float, float]] = {}
         self._serving: frozenset[tuple[str, frozenset[Phase], frozenset[str]]] = frozenset()
         self._forgetting: deque[tuple[str, list[str]]] = deque()  # finished jobs' requests still to forget
+        # events of a job whose verdict the tracker has not read yet (its requests came first), by job
+        self._early: dict[str, list[tuple[float, ResultReceived | OutputWritten | CancelRequested]]] = {}
+        self.admissions_through = 0.0  # the latest verdict time among the desks' verdicts taken
         self._handlers: dict[type, Callable[[Any, float], list[Decision]]] = {
-            JobSubmitted: self._submitted, RequestQueued: self._queued, KvReady: self._kv_ready,
+            JobSubmitted: self._submitted, JobAdmitted: self._admitted, RequestQueued: self._queued, KvReady: self._kv_ready,
             ResultReceived: self._result, AttemptFailed: self._attempt_failed, OutputWritten: self._output_written,
             CancelRequested: self._cancel, FleetObserved: self._fleet, ProfilesUpdated: self._profiles,
             TenantsUpdated: self._tenants,
@@ -84,7 +91,7 @@ class ControlCore:
         (at most ``max_releases_per_tick``: see ``more_to_release``)."""
         out: list[Decision] = []
         steps: tuple[tuple[str, Callable[[float], list[Decision] | None]], ...] = (
-            ("forget", lambda t: self._forget_some()),
+            ("forget", lambda t: self._forget_some()), ("early", self._drop_stale_early),
             ("expire", self._expire), ("backoff", lambda t: recovery.requeue_due(self.dispatch, t)),
             ("dead pools", lambda t: recovery.redispatch_dead_pools(self.dispatch, t)),
             ("stragglers", lambda t: recovery.speculate(self.dispatch, t)), ("release", self.dispatch.release),
@@ -108,7 +115,50 @@ class ControlCore:
 
     # -- events --------------------------------------------------------------------------------
     def _submitted(self, ev: JobSubmitted, now: float) -> list[Decision]:
-        return self.jobs.submit(ev, now, self.dispatch.fleet.states(), self.dispatch.table, self.quotas)
+        verdict = judge(ev, self.jobs.jobs.get(ev.job_id), self.jobs.backlog(), self.dispatch.fleet.states(),
+                        self.dispatch.table, self.quotas, self.config, now)
+        return verdict.decisions + (self._take(verdict.job, now) if verdict.fresh else [])
+
+    def _admitted(self, ev: JobAdmitted, now: float) -> list[Decision]:
+        """A desk's verdict; a replay of one taken already (same or older submission) changes nothing."""
+        self.admissions_through = max(self.admissions_through, ev.at)
+        known = self.jobs.jobs.get(ev.job.job_id)
+        if known is not None and known.submissions >= ev.job.submissions:
+            return []
+        return self._take(ev.job, now)
+
+    def _take(self, job: JobRecord, now: float) -> list[Decision]:
+        """The tracker takes a judged job. Its requests may have come first (the desk sends the
+        verdict before them, but the tracker reads the two topics apart): the ones that ended
+        leave its backlog, and the results, receipts and cancels that found no job are applied now."""
+        self.jobs.take(job)
+        if job.state is not JobState.ADMITTED:
+            return []
+        for rid in self.dispatch.by_job.get(job.job_id, ()):
+            state = self.dispatch.requests[rid]
+            if not state.status.is_open:
+                self.jobs.on_request_closed(job.job_id, state.work.prompt_tokens, state.work.max_output_tokens)
+        out: list[Decision] = []
+        for _, early in self._early.pop(job.job_id, []):
+            if isinstance(early, ResultReceived):
+                out += self.jobs.on_result(job.job_id, early.ok, early.prompt_tokens, early.completion_tokens, now)
+            else:
+                out += self._handlers[type(early)](early, now)
+        return out + self._forget_if_whole(job.job_id)
+
+    def _wait_for_job(self, job_id: str, event: ResultReceived | OutputWritten | CancelRequested, now: float) -> bool:
+        """True when ``job_id`` has no verdict here yet: the event waits for it (in memory, up to
+        ``early_event_ttl_s``; a job id that never comes was no job of this deployment)."""
+        if job_id in self.jobs.jobs:
+            return False
+        self._early.setdefault(job_id, []).append((now, event))
+        return True
+
+    def _drop_stale_early(self, now: float) -> list[Decision]:
+        cutoff = now - self.config.early_event_ttl_s
+        for job_id in [j for j, events in self._early.items() if events[0][0] < cutoff]:
+            del self._early[job_id]
+        return []
 
     def _queued(self, ev: RequestQueued, now: float) -> list[Decision]:
         job = self.jobs.jobs.get(ev.job_id)
@@ -140,8 +190,10 @@ class ControlCore:
         closed = self.dispatch.result(ev, now)
         if closed is None:
             return []
-        if closed.job_id not in self.jobs.jobs:  # a request of no job (a drift canary): done with at once
+        if closed.tenant == self.config.canary_tenant:  # a drift canary belongs to no job: done with at once
             self.dispatch.forget(ev.request_id)
+            return []
+        if self._wait_for_job(closed.job_id, ev, now):
             return []
         if closed.was_open:
             self.jobs.on_request_closed(closed.job_id, closed.prompt_tokens, closed.max_tokens)
@@ -152,6 +204,8 @@ class ControlCore:
         return self._closing(self.dispatch.attempt_failed(ev, now))
 
     def _output_written(self, ev: OutputWritten, now: float) -> list[Decision]:
+        if self._wait_for_job(ev.job_id, ev, now):
+            return []
         self._reconcile(ev.job_id, ev.lines)
         return self.jobs.on_output_written(ev.job_id, ev.lines, now) + self._forget_if_whole(ev.job_id)
 
@@ -176,6 +230,8 @@ class ControlCore:
         job = self.jobs.cancel(ev.job_id, ev.tenant, ev.reason, now)
         if job is None and ev.tenant == self.config.canary_tenant:  # canaries belong to no job record
             return self.dispatch.withdraw_queued(ev.job_id, f"withdrawn: {ev.reason}", "canary_withdrawn", now)
+        if job is None and self._wait_for_job(ev.job_id, ev, now):
+            return []
         if job is None:
             return []  # unknown, another tenant's, or already finished: nothing changes
         out: list[Decision] = [changed(job, JobEventKind.CANCELLED, ev.reason)]

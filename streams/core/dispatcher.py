@@ -70,6 +70,7 @@ class Closed:
     was_open: bool
     prompt_tokens: int
     max_tokens: int
+    tenant: str = ""
 
 
 class Dispatcher:
@@ -179,7 +180,8 @@ class Dispatcher:
         state.status = RequestStatus.DONE if ev.ok else RequestStatus.FAILED
         state.retry_at = None
         self.dirty.add(state.request_id)
-        return Closed(state.job_id, ev.ok, was_open, state.work.prompt_tokens, state.work.max_output_tokens)
+        return Closed(state.job_id, ev.ok, was_open, state.work.prompt_tokens, state.work.max_output_tokens,
+                      state.work.tenant)
 
     def attempt_failed(self, ev: AttemptFailed, now: float) -> list[Decision]:
         state = self.requests.get(ev.request_id)

@@ -13,6 +13,8 @@ from typing import NamedTuple
 from phaseroute.schemas.enums import Phase, QualityTier
 from phaseroute.streams.policy import FailureKind, FairConfig, PoolState, ProfileTable, TenantQuota
 
+from .state import JobRecord
+
 
 class PromptSize(NamedTuple):
     """One prompt of a submitted job, rendered and counted by intake."""
@@ -38,6 +40,16 @@ class JobSubmitted:
     temperature: float
     prompts: tuple[PromptSize, ...]
     intake_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobAdmitted:
+    """A verdict an admission desk reached (``admission.judge``), read from ``jobs.admissions``:
+    the tracker takes the job (``at``: when it was judged; the load snapshot says up to when it
+    has taken verdicts, so a desk knows which of its own admissions the snapshot still lacks)."""
+
+    job: JobRecord
+    at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,5 +138,5 @@ class TenantsUpdated:
     quotas: dict[str, TenantQuota]
 
 
-Event = (JobSubmitted | RequestQueued | KvReady | ResultReceived | AttemptFailed | OutputWritten | CancelRequested
+Event = (JobSubmitted | JobAdmitted | RequestQueued | KvReady | ResultReceived | AttemptFailed | OutputWritten | CancelRequested
          | FleetObserved | ProfilesUpdated | TenantsUpdated)

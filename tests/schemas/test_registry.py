@@ -18,7 +18,7 @@ from phaseroute.schemas.registry import Registry, default_registry, rabin_finger
 KINDS = {
     "job_submitted", "job_command", "job_event", "request", "prefill_work", "kv_ready",
     "decode_work", "result", "output_written", "phase_telemetry", "pool_heartbeat", "profile_row", "dead_letter", "attempt_failed",
-    "drift_measurement", "quality_alert", "tenant",
+    "drift_measurement", "quality_alert", "tenant", "job_admission", "load_snapshot",
 }
 LOCK = Path(__file__).with_name("shipped_fingerprints.json")
 

@@ -17,6 +17,7 @@ import pytest
 from phaseroute.config import settings
 from phaseroute.infra.blobstore import BlobStore, output_prefix
 from phaseroute.schemas.ids import request_id
+from phaseroute.streams.admission_desk import AdmissionDesk
 from phaseroute.streams.core import ControlCore, DictStore
 from phaseroute.streams.model_catalog import load_model_info
 from phaseroute.streams.policy import CurvePoint, FairConfig, Phase, ProfileRow, ProfileSource
@@ -49,7 +50,9 @@ def profile(pool: str, phase: Phase, tokens_per_s: float, now: float, error_rate
 
 
 class Plane:
-    """The control plane without Faust: a shell over a core with dict tables, and the views."""
+    """The control plane without Faust: an admission desk, and a shell over a core with dict
+    tables, sharing the views. A submission goes the live way: the desk judges it against the
+    shell's load snapshot, and the tracker takes the verdict from its ``jobs.admissions`` record."""
 
     def __init__(self, model_info, now: float, fair: FairConfig | None = None, store: DictStore | None = None,
                  prompts: dict | None = None, pools: PoolView | None = None, profiles: ProfileView | None = None,
@@ -63,10 +66,18 @@ class Plane:
         self.core = ControlCore(config, self.store, seed=1)
         self.pools, self.profiles = pools or PoolView(config.heartbeat_timeout_s), profiles or ProfileView()
         self.shell = ControlShell(self.core, prompts if prompts is not None else {}, {MODEL: model_info},
-                                  output_prefix, self.pools, self.profiles, blob_store)
+                                  output_prefix, self.pools, self.profiles)
+        self.desk = AdmissionDesk("desk-test", config, {MODEL: model_info}, self.pools, self.profiles, output_prefix,
+                                  blob_store)
 
     def submit(self, record: dict[str, Any], now: float) -> list:
-        return list(self.shell.submitted(record, self.shell.intake(record), now))
+        self.desk.on_load(self.shell.load("dispatcher-test", now).record)
+        verdict, requests = self.desk.submitted(record, self.desk.intake(record), now)
+        sends = list(verdict)
+        for s in verdict:
+            if s.topic == "jobs.admissions":
+                sends += self.shell.on_record("job_admission", s.record, now)
+        return sends + list(requests)
 
     def record(self, kind: str, record: dict[str, Any], now: float) -> list:
         return self.shell.on_record(kind, record, now)
