@@ -230,6 +230,14 @@ def all_topics(pools: Sequence[str] = ()) -> list[TopicSpec]:
     return specs
 
 
+def partition_of(key: str, partitions: int = CONTROL_PARTITIONS) -> int:
+    """The partition a key lands on with the murmur2 partitioner every phaseroute producer uses
+    (Faust's aiokafka and confluent-kafka's ``murmur2_random`` agree on it)."""
+    from aiokafka.partitioner import murmur2
+
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
 def check_copartitioning(specs: Iterable[TopicSpec]) -> None:
     """Topics in one co-partition group must have equal partition counts."""
     groups: dict[str, dict[str, int]] = {}

@@ -1,16 +1,19 @@
 """``phaseroute bench control``: what the control plane alone sustains, end to end.
 
 On the running broker (``phaseroute up``, with no control plane of its own running) it starts
-one real control plane and the real result sink as processes, announces a FAKE fleet of
+``--control`` real control-plane instances (one dispatcher, every one an admission desk) and the
+real result sink as processes, announces a FAKE fleet of
 instant workers (``consumers/instant_fleet.py``: no model runs, every work record is answered
 at once with a one-token result), then submits ``--jobs`` jobs of ``--requests`` requests each,
-one tenant per job, all at once. It measures:
+one tenant per job, all at once (their ids spread over the partitions of ``jobs.submitted``, so
+the desks share them). It measures:
 - each job's admission (submitted -> ADMITTED in ``jobs.state``: intake, tokenizing, admission,
   every request streamed to ``requests.pending``) and completion (-> COMPLETED, output whole);
 - requests per second end to end (every request of every job, first submit -> last COMPLETED)
   and dispatched (work records the fake fleet answered, first -> last);
 - the dispatch ticks' cost as the control plane logs it every 10 s (``streams/tick_stats.py``),
-  with the most requests queued in each window.
+  with the most requests queued in each window;
+- which instance's desk judged each job.
 Everything it started is stopped at the end. The figures are printed, never judged: the
 issue's goal (>= 1,000 requests/s, a flat tick cost) is compared in the note.
 """
@@ -18,6 +21,7 @@ issue's goal (>= 1,000 requests/s, a flat tick cost) is compared in the note.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import tempfile
 import time
@@ -31,6 +35,7 @@ from phaseroute.cli.common import console, current_settings, fail, json_stdout
 from phaseroute.config import Settings
 
 FINAL = ("COMPLETED", "FAILED", "REJECTED", "CANCELLED", "EXPIRED")
+JUDGED = re.compile(r"admission desk: job (\S+) judged")
 
 
 def _input(path: Path, n: int, tag: str) -> Path:
@@ -40,6 +45,27 @@ def _input(path: Path, n: int, tag: str) -> Path:
                 "model": "smollm2-135m", "max_tokens": 1,
                 "messages": [{"role": "user", "content": f"Request {i}: one fact about {i}."}]}}) + "\n")
     return path
+
+
+def _wait_for_desks(bootstrap: str, instances: int, procs: dict[str, subprocess.Popen], timeout_s: float) -> None:
+    """Until the admission group has ``instances`` members, each with partitions."""
+    from confluent_kafka.admin import AdminClient
+
+    from phaseroute.infra.group_admin import describe_group
+    from phaseroute.infra.topics import ADMISSION_GROUP
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        dead = {n: p.returncode for n, p in procs.items() if p.poll() is not None}
+        if dead:
+            raise RuntimeError(f"processes exited: {dead}")
+        members = describe_group(admin, ADMISSION_GROUP, 10).members
+        if len(members) == instances and all(m.assignment.topic_partitions for m in members):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"the admission group {ADMISSION_GROUP} did not reach {instances} members with partitions "
+                       f"in {timeout_s:.0f} s")
 
 
 def _wait_for_line(log: Path, needle: str, procs: dict[str, subprocess.Popen], timeout_s: float) -> None:
@@ -54,7 +80,30 @@ def _wait_for_line(log: Path, needle: str, procs: dict[str, subprocess.Popen], t
     raise TimeoutError(f"{needle!r} not in {log} after {timeout_s:.0f} s")
 
 
-def run(settings: Settings, jobs: int, requests: int, pools: int, timeout_s: float) -> dict[str, Any]:
+def _spread_ids(run_id: str, jobs: int) -> list[str]:
+    """Job ids that land on the partitions of ``jobs.submitted`` in turn."""
+    from phaseroute.infra.topics import CONTROL_PARTITIONS, partition_of
+
+    ids: list[str] = []
+    n = 0
+    while len(ids) < jobs:
+        candidate = f"bench-{run_id}-{n}"
+        if partition_of(candidate) == len(ids) % CONTROL_PARTITIONS:
+            ids.append(candidate)
+        n += 1
+    return ids
+
+
+def _judged_by(work: Path, instances: int) -> dict[str, str]:
+    """Job id -> the control instance whose desk judged it (from the desks' log lines)."""
+    out: dict[str, str] = {}
+    for i in range(instances):
+        for m in JUDGED.finditer((work / f"control-{i}.log").read_text(errors="replace")):
+            out[m.group(1)] = f"control-{i}"
+    return out
+
+
+def run(settings: Settings, jobs: int, requests: int, pools: int, timeout_s: float, control: int = 1) -> dict[str, Any]:
     from phaseroute.api.admission_bench import start_process, stop_processes
     from phaseroute.cli.jobs_operator import job_record, latest_job_states, publish
     from phaseroute.consumers.instant_fleet import InstantFleet
@@ -69,17 +118,19 @@ def run(settings: Settings, jobs: int, requests: int, pools: int, timeout_s: flo
                            "own; stop it first (`phaseroute down`, then `phaseroute up` without --pools)")
     work = Path(tempfile.mkdtemp(prefix="bench-control-"))
     procs: dict[str, subprocess.Popen] = {}
-    start_process(procs, work, "control", "control")
+    start_process(procs, work, "control-0", "control")
     start_process(procs, work, "results", "sink", "results")
     fleet = InstantFleet(bootstrap, pools)
     fleet.start()
     try:
-        _wait_for_line(work / "control.log", RESTORED, procs, 180)
+        _wait_for_line(work / "control-0.log", RESTORED, procs, 180)  # the first instance is the dispatcher
+        for i in range(1, control):
+            start_process(procs, work, f"control-{i}", "control")
+        _wait_for_desks(bootstrap, control, procs, 120)
         time.sleep(3.0)  # the pool view has the fake pools' heartbeats
-        run_id = uuid.uuid4().hex[:6]
         submitted: dict[str, float] = {}
-        for k in range(jobs):
-            job_id, tenant = f"bench-{run_id}-{k}", f"bench-tenant-{k}"
+        for k, job_id in enumerate(_spread_ids(uuid.uuid4().hex[:6], jobs)):
+            tenant = f"bench-tenant-{k}"
             record = job_record(_input(work / f"{job_id}.jsonl", requests, f"r{k}-"), tenant, 1, time.time() + 7200,
                                 job_id, "exact", "smollm2-135m", 1, None, settings.blob_store)
             publish(bootstrap, "jobs.submitted", job_id, "job_submitted", record)
@@ -103,9 +154,10 @@ def run(settings: Settings, jobs: int, requests: int, pools: int, timeout_s: flo
         first, last = min(submitted.values()), max((t for t, _ in finished.values()), default=time.time())
         total = jobs * requests
         dispatch_s = (fleet.last_work_at or 0.0) - (fleet.first_work_at or 0.0)
-        ticks = [m.groupdict() for m in LINE.finditer((work / "control.log").read_text(errors="replace"))]
+        ticks = [m.groupdict() for m in LINE.finditer((work / "control-0.log").read_text(errors="replace"))]
         return {
-            "fleet": f"FAKE: {pools} instant colocated pools (no model runs)", "jobs": jobs, "requests_per_job": requests,
+            "fleet": f"FAKE: {pools} instant colocated pools (no model runs)", "control_instances": control,
+            "jobs": jobs, "requests_per_job": requests, "judged_by": _judged_by(work, control),
             "all_finished": len(finished) == jobs, "states": {j: s for j, (_, s) in finished.items()},
             "admission_s": {j: round(admitted[j] - submitted[j], 1) for j in admitted},
             "completion_s": {j: round(t - submitted[j], 1) for j, (t, _) in finished.items()},
@@ -127,13 +179,14 @@ def bench_control(
     requests: int = typer.Option(50_000, "--requests", min=1, help="Requests per job."),
     pools: int = typer.Option(4, "--pools", min=1, help="Fake instant pools."),
     timeout_s: float = typer.Option(1800.0, "--timeout-s", help="Give up on the jobs after this long."),
+    control: int = typer.Option(1, "--control", min=1, max=4, help="Control-plane instances (admission desks; one dispatches)."),
 ) -> None:
     """The control plane alone on a FAKE fleet of instant workers: admission, requests/s end to
     end and dispatched, tick cost with the queue full. Needs `phaseroute up` and no control plane."""
     settings = current_settings()
     with json_stdout(as_json, indent=1) as emit:
         try:
-            report = run(settings, jobs, requests, pools, timeout_s)
+            report = run(settings, jobs, requests, pools, timeout_s, control)
         except (RuntimeError, TimeoutError) as exc:
             fail(str(exc))
         if as_json:

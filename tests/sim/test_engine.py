@@ -86,8 +86,8 @@ def test_simulator_runs_the_live_control_core(sim_inputs, monkeypatch):
 
     enter("handle")
     enter("tick")
-    import phaseroute.streams.core.dispatcher as dispatcher_module
     import phaseroute.streams.core.admission as admission_module
+    import phaseroute.streams.core.dispatcher as dispatcher_module
     import phaseroute.streams.core.recovery as recovery_module
     for module, attr in ((dispatcher_module, "route"), (admission_module, "admit"), (dispatcher_module, "next_step"),
                          (recovery_module, "redispatch_lost")):
