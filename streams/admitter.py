@@ -16,6 +16,10 @@ starting instances. Life of a submission through it:
    the submission to the partition's next owner, which knows the verdict and queues the
    requests again under the same ids (the tracker drops the ones it has).
 A submission whose handling raised goes to ``deadletter`` with the reason and the desk goes on.
+The partitions a desk owns are worked on side by side, one submission of each at a time (a
+thread each; the partition is paused meanwhile), so a small job is not queued behind the
+intake of a 50,000-line file on another partition; the verdicts themselves are reached one at a
+time (the desk's backlog counts each admission before the next verdict).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import logging
 import threading
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
@@ -58,6 +64,10 @@ class Admitter:
             TopicFollower(bootstrap, topics.CONTROL_LOAD, "load_snapshot", desk.on_load, service=SERVICE),
         ]
         self._learned: set[int] = set()  # partitions of jobs.submitted whose verdicts were read back
+        self._busy: dict[int, Future[Outcome]] = {}  # partition -> its submission being handled
+        self._skipped: dict[int, int] = {}  # partition -> first offset fetched while it was busy
+        self._pool = ThreadPoolExecutor(max_workers=topics.CONTROL_PARTITIONS, thread_name_prefix="admission")
+        self._judging = threading.Lock()  # one verdict at a time: each counts the admissions before it
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="admission-desk", daemon=True)
 
@@ -74,7 +84,16 @@ class Admitter:
             follower.stop()
 
     def _revoked(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        for tp in partitions:  # read its verdicts again should it come back
+        """A partition leaves: its submission in hand is finished (and committed) first, so its next
+        owner starts after it; its verdicts are read again should it come back."""
+        for tp in partitions:
+            self._skipped.pop(tp.partition, None)
+            busy = self._busy.pop(tp.partition, None)
+            if busy is not None:
+                try:
+                    self._commit(busy.result(timeout=120))
+                except TimeoutError:  # still at work: the partition's next owner reads it again
+                    log.error("admission desk: partition %d left while its submission was still handled", tp.partition)
             self._learned.discard(tp.partition)
 
     # -- the loop ----------------------------------------------------------------------------------
@@ -85,21 +104,62 @@ class Admitter:
             waited += 0.1
         try:
             while not self._stop.is_set():
-                msg = self.consumer.poll(0.5)
+                self._resume_finished()
+                msg = self.consumer.poll(0.2)
                 if msg is None:
                     continue
                 if msg.error():
                     log.warning("admission desk: %s", msg.error())
                     continue
-                try:
-                    self._handle(msg)
-                except Exception:  # the commit or a dead letter failed: the next owner reads it again
-                    log.exception("admission desk: %s@%s not committed", msg.topic(), msg.offset())
-                    time.sleep(1.0)
+                partition = msg.partition() or 0
+                tp = TopicPartition(topics.JOBS_SUBMITTED, partition, msg.offset() or 0)
+                if partition in self._busy:  # fetched before its partition was paused: read it again later
+                    self._skipped.setdefault(partition, tp.offset)
+                    continue
+                self.consumer.pause([tp])
+                self._busy[partition] = self._pool.submit(self._handle_safely, msg)
         finally:
+            self._pool.shutdown(wait=True)
             self.consumer.close()
 
-    def _handle(self, msg: Message) -> None:
+    def _resume_finished(self) -> None:
+        """Partitions whose submission is handled go on: its offset is committed (here: the
+        consumer commits from the thread that polls it), or it is read again when it must be;
+        records fetched while the partition was busy are read again (a partition whose seek
+        fails stays paused and is tried again next time round)."""
+        done = [p for p, f in self._busy.items() if f.done()]
+        for p in done:
+            outcome = self._busy.pop(p).result()
+            self._commit(outcome)
+            offsets = [o for o in (outcome.again, self._skipped.pop(p, None)) if o is not None]
+            if offsets:
+                try:
+                    self.consumer.seek(TopicPartition(topics.JOBS_SUBMITTED, p, min(offsets)))
+                except KafkaException:
+                    log.exception("admission desk: could not go back to %d of partition %d", min(offsets), p)
+                    self._skipped[p] = min(offsets)
+                    self._busy[p] = _handled()
+                    continue
+            self.consumer.resume([TopicPartition(topics.JOBS_SUBMITTED, p)])
+
+    def _commit(self, outcome: Outcome) -> None:
+        if outcome.commit is None:
+            return
+        try:
+            self.consumer.commit(message=outcome.commit, asynchronous=False)
+        except KafkaException:  # its verdict is durable: whoever reads it again requeues under the same ids
+            log.exception("admission desk: %s@%s not committed", outcome.commit.topic(), outcome.commit.offset())
+
+    def _handle_safely(self, msg: Message) -> Outcome:
+        try:
+            return self._handle(msg)
+        except Exception:  # a dead letter could not be sent: read it again
+            log.exception("admission desk: %s@%s not handled; reading it again", msg.topic(), msg.offset())
+            time.sleep(1.0)
+            return Outcome(again=msg.offset())
+
+    def _handle(self, msg: Message) -> Outcome:
+        """Handle one submission (on a worker thread): what the polling thread does next."""
         partition, offset = msg.partition() or 0, msg.offset() or 0
         if partition not in self._learned:
             try:
@@ -107,9 +167,8 @@ class Admitter:
             except KafkaException:
                 log.exception("admission desk: could not read back partition %d of %s; trying again",
                               partition, topics.JOBS_ADMISSIONS)
-                self.consumer.seek(TopicPartition(topics.JOBS_SUBMITTED, partition, offset))
                 time.sleep(1.0)
-                return
+                return Outcome(again=offset)
         decoded = safe_decode(msg.value(), msg.key(), topic=topics.JOBS_SUBMITTED, partition=partition, offset=offset,
                               service=SERVICE, now_ms=_now_ms(), expected_kind="job_submitted")
         try:
@@ -120,20 +179,20 @@ class Admitter:
                 self._admit(decoded.record)
         except DeliveryError:
             log.exception("admission desk: sends of %s@%d not acknowledged; reading it again", msg.key(), offset)
-            self.consumer.seek(TopicPartition(topics.JOBS_SUBMITTED, partition, offset))
             time.sleep(1.0)
-            return
+            return Outcome(again=offset)
         except Exception as exc:  # one bad submission must not stop the desk
             log.exception("admission desk failed on %s", msg.key())
             letter = to_dead_letter(msg.value(), msg.key(), topics.JOBS_SUBMITTED, partition, offset, exc,
                                     DeadLetterStage.PROCESS, SERVICE, _now_ms())
             self._send([Send(topics.DEADLETTER, topics.JOBS_SUBMITTED, "dead_letter", letter)])
-        self.consumer.commit(message=msg, asynchronous=False)
+        return Outcome(commit=msg)
 
     def _admit(self, record: dict[str, Any]) -> None:
         started = time.monotonic()
-        scan = self.desk.intake(record)
-        verdict, requests = self.desk.submitted(record, scan, time.time())
+        scan = self.desk.intake(record)  # the slow part, side by side with other partitions
+        with self._judging:
+            verdict, requests = self.desk.submitted(record, scan, time.time())
         self._send(verdict)  # durable before any request of the job
         n = 0
         for send in requests:
@@ -190,6 +249,20 @@ class Admitter:
         self._learned.add(partition)
         log.info("admission desk: owns partition %d of %s (%d verdicts known)", partition, topics.JOBS_SUBMITTED,
                  len(self.desk.known))
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What became of one submission: ``commit`` its message, or read it again from ``again``."""
+
+    commit: Message | None = None
+    again: int | None = None
+
+
+def _handled() -> Future[Outcome]:
+    done: Future[Outcome] = Future()
+    done.set_result(Outcome())
+    return done
 
 
 def _now_ms() -> int:

@@ -6,7 +6,8 @@ have), the result sink and the control plane are real.
 (a) two instances: jobs on every partition are judged by the desk that owns the partition, both
     desks judge some, and every request of every job has exactly one output line;
 (c) a third instance joins while jobs run: it is given partitions, judges the jobs submitted
-    there after it joined, and no result is lost or written twice.
+    there after it joined, and no result is lost or written twice;
+and a desk works on its partitions side by side (a small job is not queued behind a big file).
 """
 
 from __future__ import annotations
@@ -77,13 +78,13 @@ def _job_on(partition: int, tag: str) -> str:
     return f"{tag}-{n}"
 
 
-def _submit(tmp: Path, job_id: str, n: int) -> None:
+def _submit(tmp: Path, job_id: str, n: int, deadline: float | None = None) -> None:
     path = tmp / f"{job_id}.jsonl"
     path.write_text("".join(json.dumps({
         "custom_id": f"{job_id}-{i}", "method": "POST", "url": "/v1/chat/completions",
         "body": {"model": "smollm2-135m", "max_tokens": 1, "messages": [{"role": "user", "content": f"Item {i}."}]},
     }) + "\n" for i in range(n)))
-    record = job_record(path, TENANT, 1, time.time() + 3600, job_id, "exact", "smollm2-135m", 1, None,
+    record = job_record(path, TENANT, 1, deadline or time.time() + 3600, job_id, "exact", "smollm2-135m", 1, None,
                         settings().blob_store)
     publish(settings().bootstrap_servers, topics.JOBS_SUBMITTED, job_id, "job_submitted", record)
 
@@ -164,3 +165,22 @@ def test_a_third_instance_joins_mid_job_gets_partitions_and_loses_or_duplicates_
     assert any(judged[j] == "control-c" for j in later), (judged, desks)  # it judges the jobs of its partitions
     owner = {p: name for name, parts in desks.items() for p in parts}
     assert {j: judged[j] for j in later} == {j: owner[topics.partition_of(j)] for j in later}
+
+
+def test_a_desk_judges_a_small_job_while_a_big_ones_input_is_read_on_another_partition(
+        stack: LiveStack, tmp_path: Path) -> None:
+    """The partitions a desk owns are worked on side by side: a small job is not queued behind
+    the intake of a big file. (The big job's deadline is already past: it is read and counted
+    whole, then rejected, so nothing of it runs.)"""
+    desks = _desks(stack)  # two or three instances, four partitions: one desk owns two or more
+    first, second = sorted(next(parts for parts in desks.values() if len(parts) >= 2))[:2]
+    tag = f"side-{uuid.uuid4().hex[:6]}"
+    big, small = _job_on(first, f"{tag}-big"), _job_on(second, f"{tag}-small")
+    _submit(tmp_path, big, 40_000, deadline=time.time() - 60)
+    time.sleep(0.5)  # its intake has begun
+    _submit(tmp_path, small, 5)
+    _all_complete_once(stack, {small: 5})
+    assert stack.wait_job(big, 120)["state"] == "REJECTED"
+    verdicts = read_latest(stack.bootstrap, topics.JOBS_ADMISSIONS, "job_admission", lambda r: r["job_id"])
+    assert verdicts[small]["desk"] == verdicts[big]["desk"]  # one desk judged both
+    assert verdicts[small]["at"] < verdicts[big]["at"], "the small job waited for the big one's intake"
