@@ -21,8 +21,9 @@ each request's text once); after a restart the tables are rebuilt from Kafka and
 rebuilds the core from them, without blocking the event loop while the profile and pool views
 catch up. One dispatcher at a time: this app runs only in the instance that holds the control
 lease (``infra/control_lease.py``, started by ``phaseroute control``), and a standby takes over
-from these same tables when it dies. Admission is partitioned across the instances; tracking
-(results, receipts, completion) still runs here, beside the dispatcher.
+from these same tables when it dies, warm: it kept a copy of them (``warm_tables.py``).
+Admission is partitioned across the instances; tracking (results, receipts, completion) still
+runs here, beside the dispatcher.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from phaseroute.schemas import faust_codec  # noqa: F401  (registers the phasero
 from phaseroute.schemas.deadletter import to_dead_letter
 from phaseroute.schemas.enums import DeadLetterStage
 from phaseroute.schemas.faust_codec import CODEC_NAME, Undecodable
+from phaseroute.streams import warm_tables
 from phaseroute.streams.core import ControlCore
 from phaseroute.streams.edge import Send, ms
 from phaseroute.streams.faust_fixes import (
@@ -89,12 +91,16 @@ class TableStore:
 
 def build_app(settings: Settings, tenants_file: Path | None = None, models: tuple[str, ...] = SERVED_MODELS,
               tenant_records: Iterable[Mapping[str, Any]] = (), infos: Mapping[str, ModelInfo] | None = None,
-              instance: str = "control", **overrides: Any) -> tuple[faust.App, dict[str, Any]]:
+              instance: str = "control", views: tuple[PoolView, ProfileView, list[TopicFollower]] | None = None,
+              warm: bool = False, **overrides: Any) -> tuple[faust.App, dict[str, Any]]:
     """The Faust app and a handle dict (``shell``, ``core``, views) for the caller to inspect.
     Tenants come from the registry's records (and a YAML file of them); ``infos``: the models'
     catalogue entries when the caller loaded them already (a standby does, before it waits);
-    ``instance``: this instance's id (it signs the load snapshots); ``overrides`` are
-    ``CoreConfig`` fields (tests shorten timeouts with them)."""
+    ``instance``: this instance's id (it signs the load snapshots); ``views``: the pool and
+    profile views and their running followers when the caller keeps them warm already (the
+    instance's admission desk does, so a standby that takes over has them caught up); ``warm``:
+    the tables start from the copy a ``warm_tables.ChangelogMirror`` handed over (recovery reads
+    only what was written after it); ``overrides`` are ``CoreConfig`` fields (tests shorten timeouts with them)."""
     if infos is None:
         infos = {m: load_model_info(m, settings.model_cache) for m in models}
     infos = dict(infos)
@@ -119,13 +125,17 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
         return app.topic(name, key_serializer="raw", value_serializer=f"{CODEC_NAME}.{kind}")
 
     def table(name: str) -> Any:
-        return app.Table(name, default=None, partitions=CONTROL_PARTITIONS, use_partitioner=True)
+        return app.Table(name, default=None, partitions=CONTROL_PARTITIONS, use_partitioner=True,
+                         store=warm_tables.STORE_URL if warm else None)
 
     assert topics.CONTROL_TABLES == ("jobs", "requests", "tenants", "prompts")  # provisioned changelogs
     store = TableStore(table("jobs"), table("requests"), table("tenants"))
     prompts = table("prompts")
     core = ControlCore(config, store)
-    profile_view, pool_view = ProfileView(), PoolView(dead_after_s=config.heartbeat_timeout_s)
+    if views is not None:
+        pool_view, profile_view, warm = views
+    else:
+        profile_view, pool_view, warm = ProfileView(), PoolView(dead_after_s=config.heartbeat_timeout_s), []
     shell = ControlShell(core, prompts, infos, output_prefix, pool_view, profile_view)
     handle: dict[str, Any] = {"shell": shell, "core": core, "profiles": profile_view, "pools": pool_view,
                               "followers": [], "ready": False, "restoring": False}
@@ -182,11 +192,12 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
     async def restore() -> None:
         """Start the views, wait (without blocking the loop) until they caught up, rebuild the core."""
         await learn_changelogs()
-        followers = [TopicFollower(settings.bootstrap_servers, topics.PROFILES, "profile_row", profile_view.on_record),
-                     TopicFollower(settings.bootstrap_servers, topics.POOLS_HEARTBEAT, "pool_heartbeat",
-                                   pool_view.on_record)]
-        for follower in followers:
-            await asyncio.get_running_loop().run_in_executor(None, follower.start)
+        followers = warm or [
+            TopicFollower(settings.bootstrap_servers, topics.PROFILES, "profile_row", profile_view.on_record),
+            TopicFollower(settings.bootstrap_servers, topics.POOLS_HEARTBEAT, "pool_heartbeat", pool_view.on_record)]
+        if not warm:
+            for follower in followers:
+                await asyncio.get_running_loop().run_in_executor(None, follower.start)
         handle["followers"] = followers
         waited = 0.0
         while waited < CATCH_UP_S and not all(f.caught_up.is_set() for f in followers):

@@ -5,8 +5,8 @@ On the running broker (``phaseroute up``, with no control plane of its own runni
 real result sink as processes, announces a FAKE fleet of
 instant workers (``consumers/instant_fleet.py``: no model runs, every work record is answered
 at once with a one-token result), then submits ``--jobs`` jobs of ``--requests`` requests each,
-one tenant per job, all at once (their ids spread over the partitions of ``jobs.submitted``, so
-the desks share them). It measures:
+one tenant per job, all at once (their ids on partitions of ``jobs.submitted`` owned by each
+desk in turn, so the desks share them). It measures:
 - each job's admission (submitted -> ADMITTED in ``jobs.state``: intake, tokenizing, admission,
   every request streamed to ``requests.pending``) and completion (-> COMPLETED, output whole);
 - requests per second end to end (every request of every job, first submit -> last COMPLETED)
@@ -20,6 +20,7 @@ issue's goal (>= 1,000 requests/s, a flat tick cost) is compared in the note.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -47,8 +48,9 @@ def _input(path: Path, n: int, tag: str) -> Path:
     return path
 
 
-def _wait_for_desks(bootstrap: str, instances: int, procs: dict[str, subprocess.Popen], timeout_s: float) -> None:
-    """Until the admission group has ``instances`` members, each with partitions."""
+def _wait_for_desks(bootstrap: str, instances: int, procs: dict[str, subprocess.Popen], timeout_s: float) -> list[int]:
+    """Until the admission group has ``instances`` members, each with partitions; the partitions
+    of ``jobs.submitted`` taken from each member in turn (jobs on them go to every desk in turn)."""
     from confluent_kafka.admin import AdminClient
 
     from phaseroute.infra.group_admin import describe_group
@@ -61,8 +63,9 @@ def _wait_for_desks(bootstrap: str, instances: int, procs: dict[str, subprocess.
         if dead:
             raise RuntimeError(f"processes exited: {dead}")
         members = describe_group(admin, ADMISSION_GROUP, 10).members
-        if len(members) == instances and all(m.assignment.topic_partitions for m in members):
-            return
+        owned = [sorted(tp.partition for tp in m.assignment.topic_partitions) for m in members]
+        if len(members) == instances and all(owned):
+            return [p for turn in itertools.zip_longest(*owned) for p in turn if p is not None]
         time.sleep(0.5)
     raise TimeoutError(f"the admission group {ADMISSION_GROUP} did not reach {instances} members with partitions "
                        f"in {timeout_s:.0f} s")
@@ -80,15 +83,15 @@ def _wait_for_line(log: Path, needle: str, procs: dict[str, subprocess.Popen], t
     raise TimeoutError(f"{needle!r} not in {log} after {timeout_s:.0f} s")
 
 
-def _spread_ids(run_id: str, jobs: int) -> list[str]:
-    """Job ids that land on the partitions of ``jobs.submitted`` in turn."""
-    from phaseroute.infra.topics import CONTROL_PARTITIONS, partition_of
+def _spread_ids(run_id: str, jobs: int, partitions: list[int]) -> list[str]:
+    """Job ids that land on ``partitions`` of ``jobs.submitted`` in turn."""
+    from phaseroute.infra.topics import partition_of
 
     ids: list[str] = []
     n = 0
     while len(ids) < jobs:
         candidate = f"bench-{run_id}-{n}"
-        if partition_of(candidate) == len(ids) % CONTROL_PARTITIONS:
+        if partition_of(candidate) == partitions[len(ids) % len(partitions)]:
             ids.append(candidate)
         n += 1
     return ids
@@ -103,8 +106,10 @@ def _judged_by(work: Path, instances: int) -> dict[str, str]:
     return out
 
 
-def run(settings: Settings, jobs: int, requests: int, pools: int, timeout_s: float, control: int = 1) -> dict[str, Any]:
+def run(settings: Settings, jobs: int, requests: int, pools: int, timeout_s: float, control: int = 1,
+        kill_after_s: float | None = None) -> dict[str, Any]:
     from phaseroute.api.admission_bench import start_process, stop_processes
+    from phaseroute.cli.bench_failover import FailoverProbe
     from phaseroute.cli.jobs_operator import job_record, latest_job_states, publish
     from phaseroute.consumers.instant_fleet import InstantFleet
     from phaseroute.infra.control_lease import lease_members
@@ -117,6 +122,7 @@ def run(settings: Settings, jobs: int, requests: int, pools: int, timeout_s: flo
         raise RuntimeError(f"a control plane runs ({', '.join(m.client_id for m in running)}): the bench starts its "
                            "own; stop it first (`phaseroute down`, then `phaseroute up` without --pools)")
     work = Path(tempfile.mkdtemp(prefix="bench-control-"))
+    probe = FailoverProbe(work, control, kill_after_s) if kill_after_s is not None else None
     procs: dict[str, subprocess.Popen] = {}
     start_process(procs, work, "control-0", "control")
     start_process(procs, work, "results", "sink", "results")
@@ -126,10 +132,10 @@ def run(settings: Settings, jobs: int, requests: int, pools: int, timeout_s: flo
         _wait_for_line(work / "control-0.log", RESTORED, procs, 180)  # the first instance is the dispatcher
         for i in range(1, control):
             start_process(procs, work, f"control-{i}", "control")
-        _wait_for_desks(bootstrap, control, procs, 120)
+        partitions = _wait_for_desks(bootstrap, control, procs, 120)
         time.sleep(3.0)  # the pool view has the fake pools' heartbeats
         submitted: dict[str, float] = {}
-        for k, job_id in enumerate(_spread_ids(uuid.uuid4().hex[:6], jobs)):
+        for k, job_id in enumerate(_spread_ids(uuid.uuid4().hex[:6], jobs, partitions)):
             tenant = f"bench-tenant-{k}"
             record = job_record(_input(work / f"{job_id}.jsonl", requests, f"r{k}-"), tenant, 1, time.time() + 7200,
                                 job_id, "exact", "smollm2-135m", 1, None, settings.blob_store)
@@ -142,6 +148,8 @@ def run(settings: Settings, jobs: int, requests: int, pools: int, timeout_s: flo
             dead = {n: p.returncode for n, p in procs.items() if p.poll() is not None}
             if dead:
                 raise RuntimeError(f"processes exited: {dead}; logs in {work}")
+            if probe is not None:
+                probe.step(min(submitted.values()), procs)
             states = latest_job_states(bootstrap, idle_s=0.2)
             now = time.time()
             for job_id in submitted:
@@ -154,7 +162,8 @@ def run(settings: Settings, jobs: int, requests: int, pools: int, timeout_s: flo
         first, last = min(submitted.values()), max((t for t, _ in finished.values()), default=time.time())
         total = jobs * requests
         dispatch_s = (fleet.last_work_at or 0.0) - (fleet.first_work_at or 0.0)
-        ticks = [m.groupdict() for m in LINE.finditer((work / "control-0.log").read_text(errors="replace"))]
+        ticks = [m.groupdict() for i in range(control)
+                 for m in LINE.finditer((work / f"control-{i}.log").read_text(errors="replace"))]
         return {
             "fleet": f"FAKE: {pools} instant colocated pools (no model runs)", "control_instances": control,
             "jobs": jobs, "requests_per_job": requests, "judged_by": _judged_by(work, control),
@@ -166,6 +175,7 @@ def run(settings: Settings, jobs: int, requests: int, pools: int, timeout_s: flo
             "dispatched": fleet.answered,
             "requests_per_s_dispatched": round(fleet.answered / dispatch_s, 1) if dispatch_s > 0 else None,
             "tick_windows": [{k: float(v) for k, v in t.items()} for t in ticks],
+            **({"failover": probe.report(first)} if probe is not None else {}),
             "logs": str(work),
         }
     finally:
@@ -180,13 +190,15 @@ def bench_control(
     pools: int = typer.Option(4, "--pools", min=1, help="Fake instant pools."),
     timeout_s: float = typer.Option(1800.0, "--timeout-s", help="Give up on the jobs after this long."),
     control: int = typer.Option(1, "--control", min=1, max=4, help="Control-plane instances (admission desks; one dispatches)."),
+    kill_after_s: float = typer.Option(None, "--kill-after", help="SIGKILL the dispatching instance this many seconds "
+                                       "after the first submission (needs --control 2+): fail-over under load."),
 ) -> None:
     """The control plane alone on a FAKE fleet of instant workers: admission, requests/s end to
     end and dispatched, tick cost with the queue full. Needs `phaseroute up` and no control plane."""
     settings = current_settings()
     with json_stdout(as_json, indent=1) as emit:
         try:
-            report = run(settings, jobs, requests, pools, timeout_s, control)
+            report = run(settings, jobs, requests, pools, timeout_s, control, kill_after_s)
         except (RuntimeError, TimeoutError) as exc:
             fail(str(exc))
         if as_json:

@@ -2,8 +2,9 @@
 
 Life of an instance: it starts its admission desk (``streams/admitter.py``: it judges the
 submitted jobs of the ``jobs.submitted`` partitions the admission group gives it, active or
-standby alike), joins the control lease (``infra/control_lease.py``) and waits as a standby while
-another instance holds it; once it holds the lease it reads the tenant registry, builds the
+standby alike) and its copy of the control tables (``streams/warm_tables.py``: a hot standby),
+joins the control lease (``infra/control_lease.py``) and waits as a standby while another
+instance holds it; once it holds the lease it hands its table copy over, reads the tenant registry, builds the
 Faust app (``streams/app.py``: fair scheduler, router, tracker) and runs it until SIGTERM,
 then leaves the lease so a standby takes over at once. Should it lose the
 lease while it runs (cut off from the brokers past its session timeout), it stops dispatching
@@ -57,6 +58,7 @@ def control(tenants: Path = typer.Option(None, "--tenants", help="Deprecated YAM
     from phaseroute.streams.model_catalog import load_model_info
     from phaseroute.streams.settings import core_config
     from phaseroute.streams.views import PoolView, ProfileView
+    from phaseroute.streams.warm_tables import ChangelogMirror
 
     settings = current_settings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -71,15 +73,21 @@ def control(tenants: Path = typer.Option(None, "--tenants", help="Deprecated YAM
                              output_prefix, open_blob_store(settings.blob_store))
         admitter = Admitter(settings.bootstrap_servers, desk, instance_id(name), settings.control_session_timeout_s)
         admitter.start()
+        mirror = ChangelogMirror(settings.bootstrap_servers, cluster=settings.kafka_client_config)
+        mirror.start()  # a hot standby: its copy of the tables is current when it takes over
     lease = ControlLease(settings.bootstrap_servers, name, settings.control_session_timeout_s,
                          on_lost=_start_again_as_standby, cluster=settings.kafka_client_config)
     try:
         log.info("%s: waiting for the control lease (a standby while another instance holds it)", name)
         waited = lease.wait_until_held(log.info)
         log.info("%s: holds the control lease after %.1f s: active", name, waited)
+        kept = mirror.hand_over()
+        log.info("%s: warm tables: %d changelog records applied while standby; keys held: %s", name, mirror.applied,
+                 ", ".join(f"{t} {n}" for t, n in kept.items()))
         with errors_as_messages(BrokerUnavailable, ValueError):
             records = list(read_tenants(settings.bootstrap_servers).values())
-        app, _handle = build_app(settings, tenants, tenant_records=records, infos=infos, instance=instance_id(name))
+        app, _handle = build_app(settings, tenants, tenant_records=records, infos=infos, instance=instance_id(name),
+                                 views=(desk.pools, desk.profiles, admitter.followers[:2]), warm=True)
         faust.Worker(app, loglevel="info", redirect_stdouts=False).execute_from_commandline()
     finally:
         lease.close()
