@@ -100,7 +100,8 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
     profile views and their running followers when the caller keeps them warm already (the
     instance's admission desk does, so a standby that takes over has them caught up); ``warm``:
     the tables start from the copy a ``warm_tables.ChangelogMirror`` handed over (recovery reads
-    only what was written after it); ``overrides`` are ``CoreConfig`` fields (tests shorten timeouts with them)."""
+    only what was written after it); ``overrides`` are ``CoreConfig`` fields (tests shorten
+    timeouts with them)."""
     if infos is None:
         infos = {m: load_model_info(m, settings.model_cache) for m in models}
     infos = dict(infos)
@@ -133,9 +134,9 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
     prompts = table("prompts")
     core = ControlCore(config, store)
     if views is not None:
-        pool_view, profile_view, warm = views
+        pool_view, profile_view, followed = views
     else:
-        profile_view, pool_view, warm = ProfileView(), PoolView(dead_after_s=config.heartbeat_timeout_s), []
+        profile_view, pool_view, followed = ProfileView(), PoolView(dead_after_s=config.heartbeat_timeout_s), []
     shell = ControlShell(core, prompts, infos, output_prefix, pool_view, profile_view)
     handle: dict[str, Any] = {"shell": shell, "core": core, "profiles": profile_view, "pools": pool_view,
                               "followers": [], "ready": False, "restoring": False}
@@ -192,10 +193,10 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
     async def restore() -> None:
         """Start the views, wait (without blocking the loop) until they caught up, rebuild the core."""
         await learn_changelogs()
-        followers = warm or [
+        followers = followed or [
             TopicFollower(settings.bootstrap_servers, topics.PROFILES, "profile_row", profile_view.on_record),
             TopicFollower(settings.bootstrap_servers, topics.POOLS_HEARTBEAT, "pool_heartbeat", pool_view.on_record)]
-        if not warm:
+        if not followed:
             for follower in followers:
                 await asyncio.get_running_loop().run_in_executor(None, follower.start)
         handle["followers"] = followers

@@ -4,10 +4,10 @@ Life of an instance: it starts its admission desk (``streams/admitter.py``: it j
 submitted jobs of the ``jobs.submitted`` partitions the admission group gives it, active or
 standby alike) and its copy of the control tables (``streams/warm_tables.py``: a hot standby),
 joins the control lease (``infra/control_lease.py``) and waits as a standby while another
-instance holds it; once it holds the lease it hands its table copy over, reads the tenant registry, builds the
-Faust app (``streams/app.py``: fair scheduler, router, tracker) and runs it until SIGTERM,
-then leaves the lease so a standby takes over at once. Should it lose the
-lease while it runs (cut off from the brokers past its session timeout), it stops dispatching
+instance holds it; once it holds the lease it hands its table copy over, reads the tenant
+registry, builds the Faust app (``streams/app.py``: fair scheduler, router, tracker) and runs it
+until SIGTERM, then leaves the lease so a standby takes over at once. Should it lose the lease
+while it runs (cut off from the brokers past its session timeout), it stops dispatching
 at once and starts again as a standby: another instance may hold the lease by then.
 """
 
