@@ -10,8 +10,10 @@ Life of a sequence's blocks: ``can_admit(tokens)`` is the side-effect-free predi
 (prompt + max_tokens), so a running sequence can always grow and nothing is ever preempted;
 ``grow`` turns one reserved block into a taken one when the sequence crosses a block
 boundary; ``release`` gives every block and the remaining reservation back. Blocks are handed
-out lowest index first (a heap), so the blocks in use stay packed at the bottom of the pool
-and attention reads the prefix ``[:high_water]`` as a view.
+out lowest index first (a heap), and ``compact`` moves the highest taken blocks into the holes a
+released sequence left below them, so the blocks in use are the prefix ``[:taken]`` of the pool
+and attention reads exactly them, as a view. Without it a finished long prompt leaves a hole that
+every later step reads (the bench's tail read 56% more blocks than it held).
 
 ``free_blocks`` (neither taken nor reserved) is what a newcomer can get: the free-KV figure in
 heartbeats and the admission check both use it.
@@ -40,6 +42,7 @@ class BlockAllocator:
         self.num_blocks, self.block_size = num_blocks, block_size
         self._free = list(range(num_blocks))  # a heap; sorted is a valid heap
         self._taken: set[int] = set()
+        self._holder: dict[int, str] = {}  # taken block -> the sequence whose table lists it
         self.reserved = 0  # blocks promised to running sequences, not yet taken
         self.tables: dict[str, BlockTable] = {}
 
@@ -73,7 +76,7 @@ class BlockAllocator:
                 f"sequence {seq_id!r} needs {need} KV blocks of {self.block_size} tokens ({total_tokens} tokens), "
                 f"{self.free_blocks} of {self.num_blocks} are free"
             )
-        table = BlockTable([self._take() for _ in range(now)], need - now)
+        table = BlockTable([self._take(seq_id) for _ in range(now)], need - now)
         self.reserved += table.reserved
         self.tables[seq_id] = table
         return table.blocks
@@ -85,7 +88,7 @@ class BlockAllocator:
             raise MemoryError(f"sequence {seq_id!r} has used all {len(table.blocks)} KV blocks it reserved")
         table.reserved -= 1
         self.reserved -= 1
-        block = self._take()
+        block = self._take(seq_id)
         table.blocks.append(block)
         return block
 
@@ -95,10 +98,34 @@ class BlockAllocator:
         self.reserved -= table.reserved
         for block in table.blocks:
             self._taken.discard(block)
+            del self._holder[block]
             heapq.heappush(self._free, block)
         return table.blocks
 
-    def _take(self) -> int:
+    def compact(self) -> list[tuple[int, int]]:
+        """Move every taken block at or above ``taken`` into a free block below it; the moves.
+
+        Afterwards the taken blocks are exactly ``[0, taken)``. Each move is ``(src, dst)``: the
+        caller copies block ``src``'s contents to ``dst``; here the tables name ``dst`` in
+        ``src``'s place (same position, so token order holds) and ``src`` is free.
+        """
+        n = len(self._taken)
+        movers = sorted(b for b in self._taken if b >= n)
+        if not movers:
+            return []
+        holes = sorted(b for b in self._free if b < n)  # as many as movers: both count the prefix's gaps
+        for src, dst in zip(movers, holes):
+            seq_id = self._holder.pop(src)
+            blocks = self.tables[seq_id].blocks
+            blocks[blocks.index(src)] = dst
+            self._holder[dst] = seq_id
+        self._taken = set(range(n))
+        self._free = [b for b in self._free if b >= n] + movers
+        heapq.heapify(self._free)
+        return list(zip(movers, holes))
+
+    def _take(self, seq_id: str) -> int:
         block = heapq.heappop(self._free)
         self._taken.add(block)
+        self._holder[block] = seq_id
         return block

@@ -17,7 +17,9 @@ exception: its blocks are gathered into one contiguous ``[1, kv_heads, tokens, h
 tensor and attention takes transformers' own SDPA path, so a lone sequence's logits are
 bit-identical to ``generate()`` (the copy is one sequence's KV, small next to the step). ``leave`` gives the
 blocks back, zeroed; rows stay dense (the last row takes the leaving one's index, only its
-block owners are rewritten). Attention reads every used block whole and masks what is not
+block owners are rewritten). The next ``step_cache`` compacts the pool first: the highest used
+blocks are copied into the holes the leavers left (a copy of the moved blocks, once), so
+attention never reads a free block. Attention reads every used block whole and masks what is not
 valid, but a masked value still meets a zero weight (0 x NaN is NaN), so a block must never
 hold non-finite leftovers (a corrupted KV that left): blocks are zeroed when given back, and
 on first use (``torch.empty`` memory is arbitrary).
@@ -121,8 +123,25 @@ class PagedKV:
         return moved
 
     # ---- one decode step ------------------------------------------------------------
+    def compact(self) -> int:
+        """Copy the used blocks above the used count into the free ones below; blocks moved."""
+        moves = self.blocks.compact()
+        if not moves:
+            return 0
+        src = torch.tensor([m[0] for m in moves], dtype=torch.long, device=self.device)
+        dst = torch.tensor([m[1] for m in moves], dtype=torch.long, device=self.device)
+        for pool in (self.keys, self.values):
+            pool.index_copy_(1, dst, pool.index_select(1, src))
+            pool.index_fill_(1, src, 0.0)  # free blocks hold zeros (see the module docstring)
+        for column in (self.owner, self.fill):
+            column[dst] = column[src]
+            column[src] = 0
+        return len(moves)
+
     def step_cache(self) -> PagedStep:
-        """Give every row the slot of its next token (a new block at a boundary); the step's Cache."""
+        """Compact the pool, give every row the slot of its next token (a new block at a boundary);
+        the step's Cache."""
+        self.compact()
         bs, slots, last_blocks = self.block_size, [], []
         for row, (seq_id, n) in enumerate(zip(self.row_ids, self.lengths)):
             table = self.blocks.tables[seq_id].blocks

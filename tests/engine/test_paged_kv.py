@@ -52,6 +52,26 @@ def test_pool_holds_prompts_in_their_blocks_and_rewrites_owners_when_a_row_moves
     assert kv.owner[table].tolist() == [0, 0, 0] and kv.fill[[0, 1]].tolist() == [0, 0]
 
 
+def test_a_step_compacts_the_holes_a_leaver_left_so_attention_reads_only_used_blocks() -> None:
+    kv = PagedKV(num_layers=2, kv_heads=1, head_dim=3, dtype=torch.float32, device="cpu", num_blocks=16, block_size=4)
+    for i, n in enumerate((9, 6, 5)):  # blocks [0, 1, 2], [3, 4], [5, 6]
+        layer = [torch.arange(n, dtype=torch.float32).repeat(3, 1).T[None] + 100 * i] * 2
+        kv.join(f"s{i}", layer, layer, n, n)
+    kv.leave(0)  # a hole of 3 blocks at the bottom; s2 takes row 0
+    assert kv.blocks.high_water == 7 and kv.blocks.taken == 4
+    step = kv.step_cache()
+    assert step.high_water == kv.blocks.taken == 4 and kv.blocks.high_water == 4
+    assert sorted(kv.blocks.tables["s1"].blocks + kv.blocks.tables["s2"].blocks) == [0, 1, 2, 3]
+    for row, (seq, n, base) in enumerate((("s2", 5, 200), ("s1", 6, 100))):
+        table = kv.blocks.tables[seq].blocks
+        stored = kv.keys[1, table].transpose(0, 1).reshape(1, -1, 3)[0, :n, 0]  # token order kept
+        assert torch.equal(stored, torch.arange(n, dtype=torch.float32) + base)
+        assert kv.owner[table].tolist() == [row] * len(table)
+    assert kv.fill[:4].sum().item() == 5 + 6 + 2 and kv.fill[4:].sum().item() == 0  # + each row's slot for this step
+    assert not kv.keys[:, 4:7].any() and not kv.values[:, 4:7].any()  # moved-from blocks are free and zero
+    assert kv.blocks.admit("s3", 4, 4) == [4]  # the lowest free block, right above the used prefix
+
+
 def _reference_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
     """Per row: plain softmax attention of its query heads over its own contiguous K/V."""
     out = []
