@@ -32,6 +32,11 @@ class OffsetTracker:
         """A message was handed to the worker."""
         self._parts.setdefault(tp, _PartitionState()).pending.add(offset)
 
+    def holds(self, tp: TopicPartition, offset: int) -> bool:
+        """Whether ``offset`` of ``tp`` was taken and is not finished yet."""
+        state = self._parts.get(tp)
+        return state is not None and offset in state.pending
+
     def done(self, tp: TopicPartition, offset: int) -> None:
         """The message's outputs are durably produced (or it went to the dead-letter topic)."""
         state = self._parts.get(tp)
