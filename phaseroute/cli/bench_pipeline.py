@@ -2,8 +2,10 @@
 
 One process tree, one after the other, on the same ``--prompts`` mixed-length chat prompts:
 
-1. **engine alone**: this process builds the executor with every usable core and runs the
-   prompts as one batch job (prefill, then continuous-batching decode) -> output tokens/s.
+1. **engine alone**: the prompts as one batch job (prefill, then continuous-batching decode) on
+   the workers and threads ``consumers.machine.plan_pools`` gives one pool on the usable cores,
+   each process a share of the prompts (``engine.bench_workers``), and as one process with every
+   core; the faster is the engine alone -> output tokens/s.
 2. **the live pipeline**, for each set-up (``colocated``: one ``both`` pool; ``disaggregated``:
    a prefill pool and a decode pool): the bench starts its own stack under ``PHASEROUTE_HOME``
    (Kafka unless one runs there, topics, a cold-start profile of each new pool, telemetry
@@ -25,6 +27,7 @@ import os
 import sys
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import typer
@@ -73,7 +76,8 @@ def run(settings: Any, n_prompts: int, setups: list[str], drift_interval_s: floa
     started = time.time()
     cores = usable_cores()
     texts, work, alone = _engine_alone(n_prompts, cores)
-    console.print(f"engine alone: {alone['output_tokens_per_s']} output tok/s ({alone['wall_s']} s)", highlight=False)
+    console.print(f"engine alone: {alone['output_tokens_per_s']} output tok/s ({alone['wall_s']} s, {alone['workers']} x "
+                  f"{alone['threads']} threads; other shapes {alone['other_shapes']})", highlight=False)
     report: dict[str, Any] = {
         "prompts": len(work), "prompt_tokens": sum(len(ids) for ids, _ in work), "cores": cores,
         "load_average_1m_start": round(os.getloadavg()[0], 2), "engine_alone": alone, "pipeline": {},
@@ -93,20 +97,31 @@ def run(settings: Any, n_prompts: int, setups: list[str], drift_interval_s: floa
 
 
 def _engine_alone(n_prompts: int, cores: int) -> tuple[list[str], list[tuple[list[int], int]], dict[str, Any]]:
-    """The prompts as text (what the pipeline is sent), their token ids, and the engine-alone run."""
-    from phaseroute.engine.bench import BenchConfig, engine_alone
+    """The prompts as text (what the pipeline is sent), their token ids, and the engine-alone run.
+
+    The engine runs the way ``plan_pools`` sizes one pool on these cores (a colocated stack's
+    workers: processes side by side on shares of the prompts) and as one process with every core;
+    the faster of the two is the engine alone, so the pipeline is never compared with a shape of
+    the engine that wastes the machine. Both are reported."""
+    from phaseroute.consumers.machine import plan_pools
+    from phaseroute.engine.bench import BenchConfig
+    from phaseroute.engine.bench_workers import engine_alone_workers
     from phaseroute.engine.prompts import mixed_workload
     from phaseroute.engine.protocol import PrefillItem
     from phaseroute.engine.registry import build_executor
 
-    config = BenchConfig(threads=cores, n_prompts=n_prompts)
-    ex = build_executor(config.model, config.variant, threads=cores)
+    share = plan_pools(1, cores)[0]
+    config = BenchConfig(n_prompts=n_prompts)
+    ex = build_executor(config.model, config.variant, threads=share.threads)
     work = mixed_workload(ex.tokenizer, n_prompts, list(config.lengths), list(config.max_tokens))
     texts = [ex.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) for ids, _ in work]
     work = [(ex.encode_item(PrefillItem("bench", m, prompt=t)), m) for t, (_, m) in zip(texts, work)]  # as workers tokenize
-    alone = engine_alone(ex, work, config)
-    alone["threads"] = cores
-    return texts, work, alone
+    del ex  # the runs below load their own
+    shapes = sorted({(share.workers, share.threads), (1, cores)})
+    runs = [engine_alone_workers(work, replace(config, threads=threads), workers) for workers, threads in shapes]
+    best = max(runs, key=lambda run: run["output_tokens_per_s"])
+    others = [{k: run[k] for k in ("workers", "threads", "output_tokens_per_s", "wall_s")} for run in runs if run is not best]
+    return texts, work, {**best, "other_shapes": others}
 
 
 def _pipeline(settings: Any, setup: str, texts: list[str], work: list[tuple[list[int], int]], cores: int,
@@ -242,7 +257,8 @@ def _output_tokens(blob_store: str, job_id: str) -> int:
 
 def _print(report: dict[str, Any]) -> None:
     alone = report["engine_alone"]
-    console.print(f"engine alone ({report['cores']} cores): {alone['output_tokens_per_s']} output tok/s", highlight=False)
+    console.print(f"engine alone ({report['cores']} cores, {alone['workers']} x {alone['threads']} threads): "
+                  f"{alone['output_tokens_per_s']} output tok/s", highlight=False)
     for setup, r in report["pipeline"].items():
         console.print(f"{setup}: {r['output_tokens_per_s']} output tok/s, {r['ratio_to_engine_alone']}x the engine "
                       f"({r['ratio_to_engine_alone_cpu_time']}x per CPU second; goal >= {report['goal_ratio']})", highlight=False)

@@ -8,8 +8,8 @@ from phaseroute.consumers.machine import WorkerShare, default_threads, plan_pool
 from phaseroute.consumers.prefill_budget import TokenBudget, budget_batch_size, efficient_batch_size
 
 
-def test_one_pool_on_two_cores_is_one_worker_with_both_cores() -> None:
-    assert plan_pools(1, 2) == [WorkerShare(workers=1, threads=2)]
+def test_one_pool_on_two_cores_is_two_one_thread_workers() -> None:
+    assert plan_pools(1, 2) == [WorkerShare(workers=2, threads=1)]
 
 
 def test_two_pools_on_two_cores_share_them_without_oversubscribing() -> None:
@@ -17,10 +17,12 @@ def test_two_pools_on_two_cores_share_them_without_oversubscribing() -> None:
     assert plan_pools(3, 2) == [WorkerShare(1, 1)] * 3  # never below one thread
 
 
-def test_big_machines_get_more_workers_not_ever_more_threads() -> None:
-    assert plan_pools(1, 16) == [WorkerShare(4, 4)]
-    assert plan_pools(2, 16) == [WorkerShare(2, 4), WorkerShare(2, 4)]
-    assert plan_pools(2, 16, workers={0: 6}) == [WorkerShare(6, 2), WorkerShare(2, 2)]
+def test_big_machines_get_more_workers_not_more_threads() -> None:
+    assert plan_pools(1, 16) == [WorkerShare(16, 1)]
+    assert plan_pools(2, 16) == [WorkerShare(8, 1), WorkerShare(8, 1)]
+    assert plan_pools(2, 16, workers={0: 2}) == [WorkerShare(2, 1), WorkerShare(8, 1)]
+    assert plan_pools(1, 16, workers={0: 4}) == [WorkerShare(4, 4)]  # fewer workers fixed: threads use the cores
+    assert plan_pools(2, 8, threads={0: 2}) == [WorkerShare(2, 2), WorkerShare(4, 1)]  # fixed threads: workers fit them
 
 
 def test_bad_plans_name_the_values() -> None:
@@ -28,6 +30,8 @@ def test_bad_plans_name_the_values() -> None:
         plan_pools(1, 0)
     with pytest.raises(ValueError, match=r"\[0\]"):
         plan_pools(1, 4, workers={0: 0})
+    with pytest.raises(ValueError, match=r"thread counts must be >= 1, got \[0\]"):
+        plan_pools(1, 4, threads={0: 0})
     with pytest.raises(ValueError, match="workers_on_machine=0"):
         default_threads(0)
 

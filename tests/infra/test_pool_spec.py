@@ -50,11 +50,12 @@ def test_a_bad_spec_names_the_part_and_shows_the_form(spec: str, names: str) -> 
 
 @pytest.mark.parametrize(("spec", "cores", "planned"), [
     ("p=prefill:fp32,d=decode:int8-dynamic,c=both:fp32", 2, [(1, 1), (1, 1), (1, 1)]),  # the demo on 2 cores
-    ("c=both:fp32", 2, [(2, 1)]),
-    ("c=both:fp32", 16, [(4, 4)]),
-    ("p=prefill:fp32,d=decode:fp32", 16, [(4, 2), (4, 2)]),
-    ("p=prefill:fp32x3,d=decode:fp32", 8, [(2, 3), (2, 1)]),  # fixed workers count towards the threads
-    ("p=prefill:fp32:6,d=decode:fp32", 8, [(6, 1), (4, 1)]),  # a pool's own threads are kept
+    ("c=both:fp32", 2, [(1, 2)]),  # a process per core
+    ("c=both:fp32", 16, [(1, 16)]),
+    ("p=prefill:fp32,d=decode:fp32", 16, [(1, 8), (1, 8)]),
+    ("p=prefill:fp32x3,d=decode:fp32", 8, [(1, 3), (1, 4)]),  # fixed workers count towards the threads
+    ("c=both:fp32x2", 8, [(4, 2)]),  # fewer workers fixed than cores: their threads use the rest
+    ("p=prefill:fp32:2,d=decode:fp32", 8, [(2, 2), (1, 4)]),  # a pool's own threads are kept, its workers fit them
 ])
 def test_threads_and_workers_left_out_are_planned_for_the_cores(spec: str, cores: int,
                                                                 planned: list[tuple[int, int]]) -> None:
@@ -75,7 +76,7 @@ def test_yaml_pools_with_the_same_fields(tmp_path: Path) -> None:
     assert parse_pools(str(tmp_path / "pools.yaml"), cores=16) == [PoolSpec("colo", "both", "fp32", 2, 3)]
     planned = tmp_path / "planned.yaml"
     planned.write_text("colo: {phase: both, variant: fp32}\n")
-    assert parse_pools(str(planned), cores=16) == [PoolSpec("colo", "both", "fp32", 4, 4)]
+    assert parse_pools(str(planned), cores=16) == [PoolSpec("colo", "both", "fp32", 1, 16)]
     zero = tmp_path / "zero.yaml"
     zero.write_text("colo: {phase: both, variant: fp32, workers: 0}\n")
     with pytest.raises(ValueError, match=r"pool 'colo'.*workers 0 must be a whole number >= 1"):

@@ -1,0 +1,38 @@
+"""The engine alone on several processes (``bench pipeline``'s shape of a colocated pool): the
+shares add up to the one-process run's output, balanced by prompt tokens, and a worker that
+fails is reported with its error rather than hanging the bench."""
+
+from __future__ import annotations
+
+import pytest
+
+from phaseroute.engine.bench import BenchConfig, engine_alone
+from phaseroute.engine.bench_workers import _balanced_shares, engine_alone_workers
+from phaseroute.engine.registry import build_executor
+
+TINY = BenchConfig(model="tiny-llama", threads=1, n_prompts=6, prefill_batch=2, max_batch=8)
+
+
+def _work() -> list[tuple[list[int], int]]:
+    return [([3 + (7 * i + j) % 500 for j in range(n)], m) for i, (n, m) in enumerate(zip((40, 12, 30, 8, 20, 16), (6, 4, 5, 3, 6, 4)))]
+
+
+def test_shares_are_balanced_by_prompt_tokens_and_keep_every_prompt_once() -> None:
+    work = _work()
+    shares = _balanced_shares(work, 2)
+    assert sorted(len(ids) for share in shares for ids, _ in share) == sorted(len(ids) for ids, _ in work)
+    assert [sum(len(ids) for ids, _ in share) for share in shares] == [40 + 16 + 8, 30 + 20 + 12]  # longest first, to the lighter
+
+
+def test_two_processes_produce_what_one_does() -> None:
+    work = _work()
+    alone = engine_alone(build_executor(TINY.model, TINY.variant, threads=1), work, TINY)
+    split = engine_alone_workers(work, TINY, workers=2)
+    assert split["workers"] == 2 and len(split["per_worker"]) == 2
+    assert split["output_tokens"] == alone["output_tokens"] == sum(w["output_tokens"] for w in split["per_worker"])
+    assert split["output_tokens_per_s"] > 0 and split["cpu_s"] > 0
+
+
+def test_a_worker_that_fails_is_reported_with_its_error() -> None:
+    with pytest.raises(RuntimeError, match="no-such-model"):
+        engine_alone_workers(_work(), BenchConfig(model="no-such-model", threads=1), workers=2)
