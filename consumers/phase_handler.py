@@ -16,7 +16,8 @@ Life of a request through a worker of pool P:
   elsewhere; impossible work (prompt beyond the context, a model the pool lacks) goes to the
   dead-letter topic with the engine's reason, and the worker keeps running.
 - A copy of a request this worker is already running (a speculative copy or a replay, same
-  request id: work is keyed by request id, so copies land on the same partition and worker)
+  request id: the dispatcher sends every attempt of a request to the partition it chose first,
+  ``streams/pool_partitions.py``, so copies land on the same partition and worker)
   is done at once with no output: the running attempt answers for it, and running it twice in
   one process could never finish sooner (``duplicates_skipped`` counts them).
 Every output carries a deterministic key and attempt id, so a replay overwrites, never adds.

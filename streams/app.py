@@ -148,7 +148,7 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
             target = out_topics.get((s.topic, s.kind))
             if target is None:
                 target = out_topics[(s.topic, s.kind)] = topic(s.topic, s.kind)
-            await target.send(key=s.key.encode(), value=s.record)
+            await target.send(key=s.key.encode(), value=s.record, partition=s.partition)
 
     async def dead_letter(message: Any, record: Any, where: str, exc: BaseException) -> None:
         raw = json.dumps(record, default=str).encode() if record is not None else None

@@ -32,12 +32,14 @@ KV_STORE = "kvstore"  # where a live prefill leaves its KV: the shared KV store,
 
 @dataclass(frozen=True)
 class Send:
-    """One message for the Faust layer to send: topic, key, Avro kind, record."""
+    """One message for the Faust layer to send: topic, key, Avro kind, record, and the partition
+    when the sender chose one (pool work, ``pool_partitions.py``; else the key's hash decides)."""
 
     topic: str
     key: str
     kind: str
     record: dict[str, Any]
+    partition: int | None = None
 
 
 def ms(seconds: float) -> int:

@@ -14,9 +14,11 @@ and these methods, and persists the mappings it is given):
   ``canary.results``.
 - ``tick`` reports the pools and the profile table to the core when they changed, then runs the
   core's clock.
-Every decision becomes sends here: ``FailRequest`` a FAILED result on ``results``; ``Forget``
-drops the finished job's texts; ``Problem`` (one event or request the core could not handle) is
-logged and dead-lettered with the reason, and nothing else stops.
+Every decision becomes sends here: ``Dispatch`` a ``prefill_work`` on the pool topic's partition
+that ``pool_partitions.py`` chooses (balanced by tokens, the same for every attempt);
+``FailRequest`` a FAILED result on ``results``; ``Forget`` drops the finished job's texts and
+placements; ``Problem`` (one event or request the core could not handle) is logged and
+dead-lettered with the reason, and nothing else stops.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from phaseroute.streams.core.events import Event
 from phaseroute.streams.edge import Send
 from phaseroute.streams.model_catalog import ModelInfo
 from phaseroute.streams.policy import FailureKind
+from phaseroute.streams.pool_partitions import PoolPartitioner
 from phaseroute.streams.views import PoolView, ProfileView
 
 log = logging.getLogger(__name__)
@@ -75,6 +78,7 @@ class ControlShell:
         self.output_file = output_file
         self.pools, self.profiles = pools, profiles  # what heartbeats and the profiles topic say
         self._profiles_version: object = None
+        self.partitioner = PoolPartitioner()  # which partition of a pool topic each request's work takes
 
     # -- everything else -----------------------------------------------------------------------
     def on_record(self, kind: str, record: dict[str, Any], now: float, origin: Origin | None = None) -> list[Send]:
@@ -127,6 +131,7 @@ class ControlShell:
             elif isinstance(d, Forget):
                 for rid in d.request_ids:
                     self.prompts.pop(rid, None)
+                self.partitioner.forget(d.request_ids)
             elif isinstance(d, Problem):
                 out.append(self._problem(d, now, origin))
             elif isinstance(d, QueueRequest):
@@ -140,7 +145,9 @@ class ControlShell:
                                    "the control plane no longer has this request's prompt text")
             return self.sends_of(self.core.handle(failed, now), now)
         record = edge.prefill_work(d, stored["prompt"], stored["sampling"], now, stored.get("canary"))
-        return [Send(topics.prefill_topic(d.prefill_pool), d.work.request_id, "prefill_work", record)]
+        topic = topics.prefill_topic(d.prefill_pool)
+        partition = self.partitioner.place(topic, d.work.request_id, d.work.prompt_tokens + d.work.max_output_tokens)
+        return [Send(topic, d.work.request_id, "prefill_work", record, partition)]
 
     def _problem(self, p: Problem, now: float, origin: Origin | None) -> Send:
         """Log the problem and dead-letter its event (the record as JSON) with the reason."""
