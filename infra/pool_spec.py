@@ -9,7 +9,7 @@ PHASE is prefill, decode or both (colocated); VARIANT one of the engine's varian
 torch threads of each worker; WORKERS how many workers the pool starts. What a pool leaves out
 comes from ``consumers.machine.plan_pools`` over the cores this process may use: the workers
 of all pools together use each core once (on 2 cores, three pools get 1 worker x 1 thread each;
-on 16 cores, one pool gets 4 workers x 4 threads). A YAML file with the same fields per pool
+on 16 cores, one pool gets 16 workers x 1 thread). A YAML file with the same fields per pool
 name works too::
 
     colo-fp32: {phase: both, variant: fp32, threads: 1, workers: 2}
