@@ -181,7 +181,8 @@ CHANGELOG_TOPICS: tuple[TopicSpec, ...] = tuple(
 )
 
 POOL_TOPIC_TEMPLATES: dict[str, tuple[str, str]] = {
-    "prefill": ("prefill_work", "Prefill (or colocated) work for the pool's workers."),
+    "prefill": ("prefill_work", "Prefill (or colocated) work for the pool's workers; the dispatcher picks the "
+                "partition (fewest tokens so far, the same for every attempt: streams/pool_partitions.py)."),
     "decode": ("decode_work", "Decode work (KV already prefilled elsewhere) for the pool's workers."),
 }
 
