@@ -110,6 +110,8 @@ class BlockAllocator:
         ``src``'s place (same position, so token order holds) and ``src`` is free.
         """
         n = len(self._taken)
+        if not self._free or self._free[0] >= n:  # the heap's least free block: no hole below n, nothing to move
+            return []
         movers = sorted(b for b in self._taken if b >= n)
         if not movers:
             return []
