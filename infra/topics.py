@@ -156,7 +156,7 @@ STATIC_TOPICS: tuple[TopicSpec, ...] = (
               "The control plane's lease: the instance its consumer group assigns the one partition to is the "
               "active control plane, the others are standbys (infra/control_lease.py)."),
     TopicSpec(CONTROL_LOAD, 1, "load_snapshot", "the literal 'load'",
-              "The active dispatcher's load (backlog per job, age-stamped) every second, for the admission desks.",
+              "The active dispatcher's load (backlog per job, fleet rate per model, age-stamped) every second, for the admission desks.",
               compacted=True, retention_ms=DAY_MS),
     TopicSpec(DEADLETTER, 1, "dead_letter", "source topic",
               "Undecodable or invalid messages, each with its reason.", retention_ms=30 * DAY_MS),

@@ -48,6 +48,13 @@ class BacklogEntry(AvroRecord):
 
 
 @record
+class FleetRateEntry(AvroRecord):
+    model: str
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+
+
+@record
 class LoadSnapshot(AvroRecord):
     KIND: ClassVar[str] = "load_snapshot"
     at: int
@@ -55,3 +62,4 @@ class LoadSnapshot(AvroRecord):
     admissions_through: int
     queued_requests: int
     backlog: list[BacklogEntry]
+    fleet: list[FleetRateEntry] | None = None

@@ -103,6 +103,7 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
         "at": T0 + 1_000, "dispatcher": "control-1@host:4242", "admissions_through": T0 + 120, "queued_requests": 1,
         "backlog": [{"job_id": JOB_ID, "tenant": TENANT, "model": MODEL, "deadline": T0 + 3_600_000,
                      "prefill_left": 21, "decode_left": 64}],
+        "fleet": [{"model": MODEL, "prefill_tokens_per_s": 412.5, "decode_tokens_per_s": 96.0}],
     },
     "phase_telemetry": {
         "batch_id": "cpu-int8-b-0/000173", "pool": "cpu-int8-b", "worker_id": "cpu-int8-b-0", "model": MODEL,

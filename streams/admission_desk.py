@@ -6,8 +6,9 @@ partitioned by job id across the instances of the admission group). Life of a jo
    blob-store prefix, validates it line by line, renders and counts the prompts into a spool;
 2. ``submitted`` judges it with ``admission.judge`` (the function the control core runs in the
    simulator) against the backlog of the dispatcher's last load snapshot (``control.load``) plus
-   this desk's own admissions the snapshot does not hold yet, the pools as heartbeats say and the
-   measured profiles. It returns the verdict's sends (the job on ``jobs.admissions``, for the
+   this desk's own admissions the snapshot does not hold yet, and the fleet's rate per model in
+   that snapshot (the dispatcher's view; where it gives a model none, the pools as heartbeats say
+   and the measured profiles, as for the per-worker KV limit). It returns the verdict's sends (the job on ``jobs.admissions``, for the
    tracker; its event on ``jobs.events`` / ``jobs.state``), which the caller makes durable first,
    then the admitted job's requests for ``requests.pending``, streamed from the spool with their
    text (a 50,000-line job is never a list of records in memory). The line errors of an invalid
@@ -98,7 +99,7 @@ class AdmissionDesk:
         ev = edge.job_submitted(record, sizes, error)
         pools = tuple(self.pools.states(now, {}, {}).values())
         verdict = judge(ev, self.known.get(ev.job_id), self.backlog(), pools, self.profiles.table(),
-                        self.config.quotas, self.config, now)
+                        self.config.quotas, self.config, now, self.load.fleet if self.load is not None else None)
         self.judged += 1
         sends: list[Send] = []
         job = verdict.job

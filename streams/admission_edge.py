@@ -1,11 +1,12 @@
 """The Avro edge of the control plane's own hops: an admission desk's verdict (``job_admission``
 on ``jobs.admissions``) <-> the tracker's ``JobAdmitted``, and the dispatcher's load
-(``load_snapshot`` on ``control.load``) <-> the backlog a desk judges against. Times are epoch
+(``load_snapshot`` on ``control.load``) <-> the backlog and fleet rate per model a desk judges against. Times are epoch
 milliseconds on the wire, epoch seconds in the core; enums travel by their Avro symbols.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +14,7 @@ from phaseroute.infra import topics
 from phaseroute.schemas.enums import JobState, QualityTier
 from phaseroute.streams.core import JobAdmitted, JobRecord
 from phaseroute.streams.edge import Send, ms, seconds
-from phaseroute.streams.policy import BacklogJob
+from phaseroute.streams.policy import BacklogJob, FleetRate
 
 LOAD_KEY = "load"
 
@@ -51,22 +52,26 @@ def job_admitted(record: dict[str, Any]) -> JobAdmitted:
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    """The dispatcher's load as a desk reads it: ``at`` (its age is checked), the backlog, and up
-    to when the tracker had taken verdicts."""
+    """The dispatcher's load as a desk reads it: ``at`` (its age is checked), the backlog, up to
+    when the tracker had taken verdicts, and the fleet's rate per model as the dispatcher sees it."""
 
     at: float
     dispatcher: str
     admissions_through: float
     queued_requests: int
     backlog: tuple[BacklogJob, ...]
+    fleet: Mapping[str, FleetRate] | None = None  # None: a dispatcher from before the snapshot carried it
 
 
-def load_send(backlog: list[BacklogJob], admissions_through: float, queued: int, dispatcher: str, now: float) -> Send:
+def load_send(backlog: list[BacklogJob], admissions_through: float, queued: int, dispatcher: str, now: float,
+              fleet: Mapping[str, FleetRate]) -> Send:
     record = {
         "at": ms(now), "dispatcher": dispatcher, "admissions_through": ms(admissions_through), "queued_requests": queued,
         "backlog": [{"job_id": b.job_id, "tenant": b.tenant, "model": b.model,
                      "deadline": None if b.deadline is None else ms(b.deadline), "prefill_left": b.prefill_tokens,
                      "decode_left": b.decode_tokens} for b in backlog],
+        "fleet": [{"model": model, "prefill_tokens_per_s": rate.prefill_tokens_per_s,
+                   "decode_tokens_per_s": rate.decode_tokens_per_s} for model, rate in sorted(fleet.items())],
     }
     return Send(topics.CONTROL_LOAD, LOAD_KEY, "load_snapshot", record)
 
@@ -74,5 +79,8 @@ def load_send(backlog: list[BacklogJob], admissions_through: float, queued: int,
 def load_of(record: dict[str, Any]) -> Load:
     backlog = tuple(BacklogJob(str(b["job_id"]), str(b["tenant"]), str(b["model"]), seconds(b["deadline"]),
                                int(b["prefill_left"]), int(b["decode_left"])) for b in record["backlog"])
+    fleet = record.get("fleet")
+    rates = None if fleet is None else {
+        str(f["model"]): FleetRate(float(f["prefill_tokens_per_s"]), float(f["decode_tokens_per_s"])) for f in fleet}
     return Load(float(record["at"]) / 1000.0, str(record["dispatcher"]), float(record["admissions_through"]) / 1000.0,
-                int(record["queued_requests"]), backlog)
+                int(record["queued_requests"]), backlog, rates)

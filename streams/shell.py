@@ -100,7 +100,8 @@ class ControlShell:
     def load(self, dispatcher: str, now: float) -> Send:
         """The dispatcher's load snapshot for the admission desks (``control.load``)."""
         jobs, fair = self.core.jobs, self.core.dispatch.fair
-        return load_send(jobs.backlog(), self.core.admissions_through, fair.queued_requests(), dispatcher, now)
+        return load_send(jobs.backlog(), self.core.admissions_through, fair.queued_requests(), dispatcher, now,
+                         self.core.fleet_rates(now))
 
     def _observe(self, now: float) -> list[Send]:
         """The pools as heartbeats say now, and the profile table when it changed, to the core."""

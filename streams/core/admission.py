@@ -15,7 +15,8 @@ passed in):
 The verdict's ``job`` is what the tracker takes (``JobBook.take``): the control core calls
 ``judge`` with its own backlog and takes the job at once (the simulator, one process); the live
 admission desks (``streams/admission_desk.py``, partitioned by job across control-plane
-instances) call it with the dispatcher's published load snapshot and send the job to the
+instances) call it with the dispatcher's published load snapshot (its backlog and its fleet
+rate per model) and send the job to the
 tracker on ``jobs.admissions``.
 """
 
@@ -29,6 +30,7 @@ from phaseroute.schemas.ids import job_id_problem
 from phaseroute.streams.policy import (
     Admitted,
     BacklogJob,
+    FleetRate,
     JobSpec,
     PoolState,
     ProfileTable,
@@ -87,8 +89,10 @@ def output_whole(job: JobRecord) -> bool:
 
 
 def judge(ev: JobSubmitted, known: JobRecord | None, backlog: Sequence[BacklogJob], pools: Sequence[PoolState],
-          table: ProfileTable, quotas: Mapping[str, TenantQuota], config: CoreConfig, now: float) -> Verdict:
-    """The verdict on ``ev`` (see the module docstring)."""
+          table: ProfileTable, quotas: Mapping[str, TenantQuota], config: CoreConfig, now: float,
+          published_rates: Mapping[str, FleetRate] | None = None) -> Verdict:
+    """The verdict on ``ev`` (see the module docstring). ``published_rates``: the fleet's rate per
+    model from the dispatcher's load snapshot (a desk); None: from ``pools`` and ``table``."""
     if known is not None and known.state is not JobState.REJECTED:
         note = f"job id already submitted; not run again (it was {known.state.name}"
         note += f": {known.reason})" if known.reason else ")"
@@ -101,7 +105,7 @@ def judge(ev: JobSubmitted, known: JobRecord | None, backlog: Sequence[BacklogJo
                    " submit with temperature 0")
     if problem is not None:
         return _reject(job, problem, None, now)
-    verdict = admit(job_spec(ev), backlog, table, pools, config.models, quotas, config.admission, now)
+    verdict = admit(job_spec(ev), backlog, table, pools, config.models, quotas, config.admission, now, published_rates)
     if isinstance(verdict, Rejected):
         return _reject(job, verdict.reason, verdict.earliest_feasible_deadline, now,
                        verdict.code is RejectCode.DEADLINE_INFEASIBLE)

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from phaseroute.schemas.enums import JobEventKind, JobState
-from phaseroute.streams.policy import Phase, RequestWork, fleet_tokens_per_s, measured_quality_refusal, path_quality
+from phaseroute.streams.policy import FleetRate, Phase, RequestWork, fleet_rate, fleet_tokens_per_s, measured_quality_refusal, path_quality
 
 from . import recovery
 from .admission import judge
@@ -327,6 +327,12 @@ class ControlCore:
             if pre > 0 and dec > 0 and tokens_in + tokens_out > 0:
                 rate += fair.cost(tokens_in, tokens_out) / (tokens_in / pre + tokens_out / dec)
         return rate or None
+
+    def fleet_rates(self, now: float) -> dict[str, FleetRate]:
+        """The fleet's rate per served model as admission counts it, from the dispatcher's view of
+        the pools (the alive ones) and profiles: the load snapshot carries it to the desks."""
+        d, pools = self.dispatch, self.dispatch.fleet.states()
+        return {model: fleet_rate(model, pools, d.table, now, self.config.admission.confidence) for model in self.config.models}
 
     def job_is_open(self, job_id: str) -> bool:
         """False once the job finished (cancelled, expired, done): a request of it that arrives

@@ -247,20 +247,40 @@ def _check_quota(job: JobSpec, backlog: Sequence[BacklogJob], quota: TenantQuota
     return None
 
 
-class _Rates:
-    """Fleet prefill/decode tokens per second per model, computed once per admit call."""
+@dataclass(frozen=True, slots=True)
+class FleetRate:
+    """The fleet's useful tokens per second for one model: what admission converts work into seconds with."""
 
-    def __init__(self, pools: list[PoolState], profiles: ProfileTable, now: float, config: AdmissionConfig) -> None:
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+
+
+def fleet_rate(model: str, pools: Iterable[PoolState], profiles: ProfileTable, now: float,
+               config: ConfidenceConfig) -> FleetRate:
+    """Every alive, profiled pool's useful throughput for ``model``, per phase."""
+    pools = list(pools)
+    return FleetRate(fleet_tokens_per_s(model, Phase.PREFILL, pools, profiles, now, config),
+                     fleet_tokens_per_s(model, Phase.DECODE, pools, profiles, now, config))
+
+
+class _Rates:
+    """Fleet prefill/decode tokens per second per model, once per admit call: the rate the
+    dispatcher published (``published``) where it gives both phases some, else computed from
+    ``pools`` and ``profiles`` (a pool that just came up may be in the desk's view a moment
+    before the dispatcher's snapshot counts it)."""
+
+    def __init__(self, pools: list[PoolState], profiles: ProfileTable, now: float, config: AdmissionConfig,
+                 published: Mapping[str, FleetRate] | None = None) -> None:
         self._args = (pools, profiles, now, config.confidence)
+        self._published = published
         self._cache: dict[str, tuple[float, float]] = {}
 
     def __call__(self, model: str) -> tuple[float, float]:
         if model not in self._cache:
-            pools, profiles, now, conf = self._args
-            self._cache[model] = (
-                fleet_tokens_per_s(model, Phase.PREFILL, pools, profiles, now, conf),
-                fleet_tokens_per_s(model, Phase.DECODE, pools, profiles, now, conf),
-            )
+            rate = (self._published or {}).get(model)
+            if rate is None or rate.prefill_tokens_per_s <= 0 or rate.decode_tokens_per_s <= 0:
+                rate = fleet_rate(model, *self._args)
+            self._cache[model] = (rate.prefill_tokens_per_s, rate.decode_tokens_per_s)
         return self._cache[model]
 
 
@@ -342,8 +362,11 @@ def admit(
     quotas: Mapping[str, TenantQuota],
     config: AdmissionConfig,
     now: float,
+    published_rates: Mapping[str, FleetRate] | None = None,
 ) -> Admitted | Rejected:
-    """Admit ``job`` or reject it with a precise reason (see the module docstring)."""
+    """Admit ``job`` or reject it with a precise reason (see the module docstring).
+    ``published_rates``: the fleet's rate per model as the dispatcher measured it (an admission desk's load snapshot);
+    None: computed here from ``pools`` and ``profiles`` (the dispatcher's own view)."""
     invalid = _validate(job, models, now)
     if invalid is not None:
         return invalid
@@ -354,7 +377,7 @@ def admit(
     if over is not None:
         return over
     pools = list(pools)
-    rates = _Rates(pools, profiles, now, config)
+    rates = _Rates(pools, profiles, now, config, published_rates)
     own_rates = rates(job.model)
     work_s = _work_s(own_rates, prefill, decode, config)
     if math.isinf(work_s):

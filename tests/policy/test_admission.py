@@ -9,6 +9,7 @@ from phaseroute.streams.policy import (
     AdmissionConfig,
     Admitted,
     BacklogJob,
+    FleetRate,
     JobSpec,
     ModelSpec,
     Phase,
@@ -20,6 +21,7 @@ from phaseroute.streams.policy import (
     admit,
     check_deadline,
     earliest_feasible_deadline,
+    fleet_rate,
 )
 
 NOW = 1000.0
@@ -268,3 +270,16 @@ def test_a_dead_pool_does_not_count_as_room_for_a_large_request(mk):
     dead = mk.pool("big", phases=frozenset({Phase.DECODE}), models=frozenset({"m"}), worker_kv_capacity=1e9, alive=False)
     pools, profiles = _sized_fleet(mk, {"p1": 2_000_000.0, "p2": 1_000_000.0}, [(dead, mk.row("big", Phase.DECODE, 1000.0, model="m"))])
     assert admit(job(), [], profiles, pools, MODELS, {}, CONFIG, NOW).code is RejectCode.REQUEST_TOO_LARGE
+
+
+def test_published_fleet_rates_set_the_seconds_and_a_model_they_give_none_falls_back_to_the_pools(mk):
+    pools, profiles = fleet(mk)
+    j = job(deadline=NOW + 3.0)  # 2 s of work at the pools' own rates
+    assert isinstance(admit(j, [], profiles, pools, MODELS, {}, CONFIG, NOW), Admitted)
+    halved = {"m": FleetRate(5_000.0, 500.0)}  # the dispatcher measured half of that: 4 s of work
+    verdict = admit(j, [], profiles, pools, MODELS, {}, CONFIG, NOW, published_rates=halved)
+    assert isinstance(verdict, Rejected) and verdict.code is RejectCode.DEADLINE_INFEASIBLE
+    assert "at 5000 prefill / 500 decode tokens/s" in verdict.reason
+    for unknown in ({}, {"m": FleetRate(0.0, 0.0)}, {"m": FleetRate(5_000.0, 0.0)}):
+        assert isinstance(admit(j, [], profiles, pools, MODELS, {}, CONFIG, NOW, published_rates=unknown), Admitted)
+    assert fleet_rate("m", pools, profiles, NOW, CONFIG.confidence) == FleetRate(10_000.0, 1000.0)

@@ -12,7 +12,9 @@ import pytest
 
 from phaseroute.config import settings
 from phaseroute.infra.blobstore import output_prefix
+from phaseroute.schemas.serde import decode, encode
 from phaseroute.streams.admission_desk import AdmissionDesk
+from phaseroute.streams.admission_edge import load_of
 from phaseroute.streams.model_catalog import load_model_info
 
 from .test_control_plane import MODEL, Plane, job, plane
@@ -81,3 +83,40 @@ def test_an_id_judged_at_another_desk_is_not_run_again(model_info) -> None:
 
     other, requests = _judge(b, job("j-1", "acme", 3, 600, now + 9), now + 9)  # a new submission under the id
     assert not any(s.topic == "jobs.admissions" for s in other) and requests == []
+
+
+def test_a_desk_judges_with_the_fleet_rate_in_the_dispatchers_snapshot(model_info) -> None:
+    now = time.time()
+    cp = plane(model_info, {"colo": "BOTH"}, now)
+    assert cp.shell.core.fleet_rates(now)[MODEL].decode_tokens_per_s == 0  # the dispatcher has not seen the pool yet
+    cp.tick(now)  # now it has
+    snapshot = cp.shell.load("dispatcher", now).record
+    _, decoded = decode(encode("load_snapshot", snapshot), "load_snapshot")  # as a desk reads it off control.load
+    rate = cp.shell.core.fleet_rates(now)[MODEL]
+    assert rate.prefill_tokens_per_s > 0 and rate.decode_tokens_per_s > 0
+    assert decoded["fleet"] == [{"model": MODEL, "prefill_tokens_per_s": rate.prefill_tokens_per_s,
+                                 "decode_tokens_per_s": rate.decode_tokens_per_s}]
+
+    as_published, slower, none = _desk(cp, "desk-a"), _desk(cp, "desk-b"), _desk(cp, "desk-c")
+    as_published.on_load(decoded)
+    slower.on_load({**decoded, "fleet": [{"model": MODEL, "prefill_tokens_per_s": rate.prefill_tokens_per_s / 1000,
+                                          "decode_tokens_per_s": rate.decode_tokens_per_s / 1000}]})
+    none.on_load({**decoded, "fleet": [{"model": MODEL, "prefill_tokens_per_s": 0.0, "decode_tokens_per_s": 0.0}]})
+
+    verdict, _ = _judge(as_published, job("j-1", "acme", 5, 600, now), now)
+    assert _state(verdict) == "ADMITTED"
+    # the same job against a dispatcher that measured a fleet 1000x slower: its 600 s deadline cannot be met,
+    # and the reason names the snapshot's rates, not the desk's own view of the pools
+    verdict, requests = _judge(slower, job("j-1", "acme", 5, 600, now), now)
+    reason = next(s.record["reason"] for s in verdict if s.topic == "jobs.events")
+    assert _state(verdict) == "REJECTED" and requests == []
+    assert f"at {rate.prefill_tokens_per_s / 1000:.0f} prefill / {rate.decode_tokens_per_s / 1000:.0f} decode tokens/s" in reason
+    # a snapshot that gives the model no rate (a pool that came up after it was taken): the desk's own view decides
+    verdict, _ = _judge(none, job("j-1", "acme", 5, 600, now), now)
+    assert _state(verdict) == "ADMITTED"
+
+
+def test_a_snapshot_from_a_dispatcher_before_fleet_rates_still_reads() -> None:
+    old = {"at": 1_000, "dispatcher": "d", "admissions_through": 0, "queued_requests": 0, "backlog": []}
+    assert load_of(old).fleet is None
+    assert load_of({**old, "fleet": []}).fleet == {}
