@@ -6,20 +6,24 @@
   (``phaseroute-admission``) gives it, and the submissions not judged yet (``admission_lag``);
 * partitions: what the active instance's Faust consumer (group ``phaseroute-control``) is
   assigned, per topic (the dispatcher owns every partition of the topics it reads);
-* lag: the control inputs the Faust group has not committed yet (broker watermarks).
+* lag: the control inputs the Faust group has not committed yet (broker watermarks);
+* load: the dispatcher's last load snapshot on ``control.load``, what the admission desks judge
+  against: its age, the requests queued, the jobs open and the fleet's rate per model.
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from typing import Any
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from phaseroute.infra import topics
 from phaseroute.infra.control_lease import lease_members
 from phaseroute.infra.group_admin import describe_group
+from phaseroute.schemas.deadletter import Rejected, safe_decode
 
 # what the control plane consumes (its Faust agents' topics)
 CONTROL_INPUTS = (topics.JOBS_ADMISSIONS, topics.REQUESTS_PENDING, topics.KV_READY, topics.RESULTS,
@@ -27,7 +31,8 @@ CONTROL_INPUTS = (topics.JOBS_ADMISSIONS, topics.REQUESTS_PENDING, topics.KV_REA
 
 
 def control_report(admin: AdminClient, consumer: Consumer, bootstrap: str, timeout_s: float) -> dict[str, Any]:
-    """{"active", "instances": [{"instance", "host", "role"}], "partitions": {topic: [..]}, "lag", "lag_by_topic"}."""
+    """{"active", "instances": [{"instance", "host", "role"}], "partitions": {topic: [..]}, "lag", "lag_by_topic",
+    "load"}."""
     from phaseroute.cli.pools_cmd import group_lag
 
     members = lease_members(bootstrap, timeout_s)
@@ -49,6 +54,35 @@ def control_report(admin: AdminClient, consumer: Consumer, bootstrap: str, timeo
         "admission_lag": sum(admission_lag.values()),
         "partitions": {t: sorted(p) for t, p in sorted(partitions.items())},
         "lag": sum(lag.values()), "lag_by_topic": lag,
+        "load": latest_load(consumer, timeout_s) if topics.CONTROL_LOAD in existing else None,
+    }
+
+
+def latest_load(consumer: Consumer, timeout_s: float) -> dict[str, Any] | None:
+    """The newest record of ``control.load`` (one partition), summed up; None when there is none
+    or it does not decode."""
+    low, high = consumer.get_watermark_offsets(TopicPartition(topics.CONTROL_LOAD, 0), timeout=timeout_s)
+    if high <= low:
+        return None
+    consumer.assign([TopicPartition(topics.CONTROL_LOAD, 0, high - 1)])
+    try:
+        msg = consumer.poll(timeout_s)
+    finally:
+        consumer.unassign()
+    if msg is None or msg.error():
+        return None
+    now = time.time()  # the snapshot's age as of reading it
+    decoded = safe_decode(msg.value(), msg.key(), topic=topics.CONTROL_LOAD, partition=0, offset=msg.offset() or 0,
+                          service="pools", now_ms=int(now * 1000), expected_kind="load_snapshot")
+    if isinstance(decoded, Rejected):
+        return None
+    r = decoded.record
+    return {
+        "dispatcher": r["dispatcher"], "age_s": round(now - r["at"] / 1000, 1), "queued_requests": r["queued_requests"],
+        "jobs_open": len(r["backlog"]),
+        "fleet": None if r.get("fleet") is None else {
+            f["model"]: {"prefill_tokens_per_s": round(f["prefill_tokens_per_s"], 1),
+                         "decode_tokens_per_s": round(f["decode_tokens_per_s"], 1)} for f in r["fleet"]},
     }
 
 
@@ -66,4 +100,11 @@ def describe(report: dict[str, Any]) -> str:
         else:
             lines.append(f"control plane: {inst['instance']} standby{desk}")
     lines.append(f"control plane: {report['admission_lag']} submissions waiting for a verdict")
+    load = report.get("load")
+    if load is not None:
+        fleet = "; ".join(f"{model} {rate['prefill_tokens_per_s']:.0f} prefill / {rate['decode_tokens_per_s']:.0f} decode tok/s"
+                          for model, rate in sorted((load["fleet"] or {}).items())) or "not in this snapshot"
+        lines.append(f"control plane: load snapshot {load['age_s']} s old from {load['dispatcher']}: "
+                     f"{load['queued_requests']} requests queued, {load['jobs_open']} jobs open; the fleet per model "
+                     f"(what admission judges with): {fleet}")
     return "\n".join(lines)

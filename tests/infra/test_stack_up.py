@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -131,6 +132,13 @@ def test_pools_json_shows_the_live_pool_and_only_its_phase(stack: dict[str, Any]
     assert shown.returncode == 0, shown.stderr
     rows = json.loads(shown.stdout)["pools"]
     assert [(r["pool"], r["phase"], r["state"]) for r in rows] == [(stack["pool"], "both", "alive")]
+    # what the admission desks judge with: the dispatcher's snapshot, fresh, with the measured pool's rates
+    load = json.loads(shown.stdout)["control"]["load"]
+    rate = load["fleet"]["smollm2-135m"]
+    assert rate["prefill_tokens_per_s"] > 0 and rate["decode_tokens_per_s"] > 0 and 0 <= load["age_s"] < 15, load
+    shown = cli(stack["env"], "pools", "--pool", stack["pool"], timeout_s=60)
+    line = " ".join(shown.stderr.split())  # the console wraps long lines
+    assert re.search(r"the fleet per model \(what admission judges with\): smollm2-135m [1-9]\d* prefill / [1-9]\d* decode", line), line
 
 
 def test_a_pool_added_to_the_running_stack_is_profiled_while_telemetry_pauses(stack: dict[str, Any]) -> None:
