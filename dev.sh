@@ -55,7 +55,8 @@ install_failed() {
   exit 1
 }
 
-# ruff over the tree; mypy strict on the control core and the policy (pyproject's [tool.mypy]).
+# ruff over the tree; mypy strict (pyproject's [tool.mypy]) on the control plane (streams: the core, the
+# policy, the Faust shell, the desks), the message schemas and the infrastructure.
 # mypy cannot follow setuptools' package-dir mapping, so it reads a tree of symlinks that has the
 # installed layout (phaseroute/streams -> streams, ...).
 lint() {
@@ -65,7 +66,7 @@ lint() {
   for room in phaseroute/*; do ln -s "$PWD/$room" "$tree/phaseroute/"; done
   for room in streams consumers schemas engine infra sim; do ln -s "$PWD/$room" "$tree/phaseroute/$room"; done
   (cd "$tree" && MYPYPATH="$PWD" "$OLDPWD/.venv/bin/mypy" --config-file "$OLDPWD/pyproject.toml" \
-     -p phaseroute.streams.core -p phaseroute.streams.policy) || die "mypy found problems (above)"
+     -p phaseroute.streams -p phaseroute.schemas -p phaseroute.infra) || die "mypy found problems (above)"
 }
 
 cmd=${1:-}

@@ -166,7 +166,7 @@ def alive_pid(run_dir: Path, name: str) -> int | None:
         proc = psutil.Process(int(pid_text))
         if abs(proc.create_time() - float(started_text)) > 1.0 or proc.status() == psutil.STATUS_ZOMBIE:
             return None
-        return proc.pid
+        return int(proc.pid)
     except (ValueError, OSError, psutil.NoSuchProcess, psutil.AccessDenied):
         return None
 
@@ -243,7 +243,7 @@ def _gone(proc: psutil.Process) -> bool:
     """Exited: no such process, or a zombie its parent has not reaped yet (a process started
     by hand from another program stays a zombie until that program waits for it)."""
     try:
-        return proc.status() == psutil.STATUS_ZOMBIE
+        return bool(proc.status() == psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return True
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]  # re-exported, not listed
 
 from phaseroute.infra.kafka_security import with_cluster_config
 from phaseroute.infra.topics import TopicMismatchError, TopicSpec

@@ -236,7 +236,7 @@ def partition_of(key: str, partitions: int = CONTROL_PARTITIONS) -> int:
     (Faust's aiokafka and confluent-kafka's ``murmur2_random`` agree on it)."""
     from aiokafka.partitioner import murmur2
 
-    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+    return int(murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
 def check_copartitioning(specs: Iterable[TopicSpec]) -> None:

@@ -96,9 +96,9 @@ def _record(schema: dict[str, Any], names: dict[str, Check], namespace: str) -> 
                     bad.path.append(f".{name}")
                     raise
             elif not has_default:
-                bad = _Mismatch(None, "is missing, and the field has no default")
-                bad.path.append(f".{name}")
-                raise bad
+                missing = _Mismatch(None, "is missing, and the field has no default")
+                missing.path.append(f".{name}")
+                raise missing
 
     names[full] = check  # before the fields: a record may refer to itself
     allowed_order = [f["name"] for f in schema["fields"]]

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from faust.serializers import codecs
+from faust.types.codecs import CodecT
 
 from phaseroute.schemas.deadletter import to_dead_letter
 from phaseroute.schemas.enums import DeadLetterStage
@@ -60,7 +61,7 @@ class Undecodable:
 class AvroCodec(codecs.Codec):
     """Faust codec: phaseroute Avro single-object encoding, for one kind or any."""
 
-    def __init__(self, children: tuple | None = None, *, kind: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, children: tuple[CodecT, ...] | None = None, *, kind: str | None = None, **kwargs: Any) -> None:
         if kind is not None:
             default_serde().registry.current(kind)  # UnknownKindError names the known kinds
         super().__init__(children=children, kind=kind, **kwargs)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from phaseroute.schemas.control_records import JobAdmission, LoadSnapshot
 from phaseroute.schemas.errors import UnknownKindError
 from phaseroute.schemas.ops_records import (
@@ -28,7 +30,7 @@ from phaseroute.schemas.records import (
 from phaseroute.schemas.typed import AvroRecord
 
 RECORD_TYPES: dict[str, type[AvroRecord]] = {
-    cls.KIND: cls  # type: ignore[misc]
+    cls.KIND: cls
     for cls in (
         JobSubmitted, JobCommand, JobEvent, Request, PrefillWork, KvReady, DecodeWork, Result, OutputWritten,
         PhaseTelemetry, PoolHeartbeat, ProfileRow, DeadLetter, AttemptFailed, DriftMeasurement, QualityAlert,
@@ -45,6 +47,6 @@ def record_type(kind: str) -> type[AvroRecord]:
         raise UnknownKindError(kind, tuple(sorted(RECORD_TYPES))) from None
 
 
-def to_typed(kind: str, record: dict) -> AvroRecord:
+def to_typed(kind: str, record: dict[str, Any]) -> AvroRecord:
     """The typed record for a decoded (kind, record) pair."""
     return record_type(kind).from_dict(record)

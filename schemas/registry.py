@@ -27,7 +27,7 @@ from functools import lru_cache
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fastavro import parse_schema
 from fastavro.schema import fingerprint as _fastavro_fingerprint
@@ -90,7 +90,7 @@ def load_version(kind: str, version: int, source: dict[str, Any], origin: str) -
     if source.get("type") != "record" or actual != expected:
         raise SchemaLoadError(f"{origin}: expected a record named {expected}, found {source.get('type')} {actual}")
     try:
-        parsed = parse_schema(_strip_logical_types(source), named_schemas={})
+        parsed = cast(dict[str, Any], parse_schema(_strip_logical_types(source), named_schemas={}))  # a record: a dict
         canonical = to_parsing_canonical_form(source)
     except Exception as exc:  # fastavro raises several types for a bad schema
         raise SchemaLoadError(f"{origin}: not a valid Avro schema: {type(exc).__name__}: {exc}") from exc
@@ -205,9 +205,12 @@ def _load_tree(root: Traversable | Path) -> tuple[list[SchemaVersion], list[Sche
 
 def _read_json(entry: Traversable | Path) -> dict[str, Any]:
     try:
-        return json.loads(entry.read_text(encoding="utf-8"))
+        source = json.loads(entry.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise SchemaLoadError(f"{entry}: cannot read JSON: {exc}") from exc
+    if not isinstance(source, dict):
+        raise SchemaLoadError(f"{entry}: expected a JSON object (an Avro record schema), got {type(source).__name__}")
+    return source
 
 
 @lru_cache(maxsize=1)

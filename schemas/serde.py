@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import lru_cache
 from io import BytesIO
-from typing import Any
+from typing import Any, cast
 
 from fastavro import schemaless_reader, schemaless_writer
 
@@ -84,7 +84,7 @@ class Serde:
         stream = BytesIO(data)
         stream.seek(HEADER_LEN)
         try:
-            record = schemaless_reader(stream, writer.parsed, None if reader is writer else reader.parsed)
+            record = cast(dict[str, Any], schemaless_reader(stream, writer.parsed, None if reader is writer else reader.parsed))
         except Exception as exc:  # truncated input raises EOFError, StopIteration, IndexError, ...
             raise CorruptBodyError(
                 f"body of {_describe(writer)} is truncated or corrupt: {type(exc).__name__}: {exc} "

@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import faust
 
@@ -183,7 +183,7 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
         """Table writes pick their changelog partition from the producer's metadata, which knows a
         topic only once asked, and only once it exists: ask for every changelog until each has its
         partitions (provisioning creates them; a restore is tried again next tick otherwise)."""
-        producer = app.producer._ensure_producer()
+        producer = cast(Any, app.producer)._ensure_producer()  # the aiokafka producer Faust drives
         for t in app.tables.values():
             name = t.changelog_topic.get_topic_name()
             parts = await producer.partitions_for(name)
@@ -213,7 +213,7 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
 
     ticks = TickStats()
 
-    @app.timer(interval=LOAD_EVERY_S)
+    @app.timer(interval=LOAD_EVERY_S)  # type: ignore[untyped-decorator]  # Faust's decorators are untyped
     async def publish_load() -> None:
         """The dispatcher's load for the admission desks (they judge only against a fresh one)."""
         if handle["ready"]:
@@ -222,11 +222,11 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
             except Exception:  # a failed publish must not stop the app: the next one runs
                 log.exception("control/publish_load failed")
 
-    @app.timer(interval=config.tick_s)
+    @app.timer(interval=config.tick_s)  # type: ignore[untyped-decorator]
     async def dispatch() -> None:
         try:
             if not handle["ready"]:
-                if not handle["restoring"] and app.tables.recovery.completed.is_set():
+                if not handle["restoring"] and cast(Any, app.tables).recovery.completed.is_set():
                     handle["restoring"] = True
                     try:
                         await restore()

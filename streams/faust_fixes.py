@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import faust
 from faust.types import TP
@@ -34,7 +34,7 @@ def drain_table_writes_before_commits(app: faust.App) -> None:
     (measured: a standby that took over found 5 of 40 requests still running, their results
     consumed and never counted, and the job never completed). Here ``flush`` returns only once
     the buffer is empty, so a committed event's state changes are in the changelogs."""
-    buffer = app.producer.buffer
+    buffer: Any = app.producer.buffer  # aiokafka's buffer: Faust's abstract type does not name its event
 
     async def flush_all() -> None:
         waited = 0.0
@@ -50,7 +50,7 @@ def drain_table_writes_before_commits(app: faust.App) -> None:
                 if waited % 10 == 0:
                     log.warning("commit waits for %d table writes to be sent (%.0f s so far)", buffer.size, waited)
 
-    buffer.flush = flush_all  # type: ignore[method-assign]
+    buffer.flush = flush_all
 
 
 def read_uncommitted_partitions_from_the_start(app: faust.App) -> None:
@@ -68,11 +68,11 @@ def read_uncommitted_partitions_from_the_start(app: faust.App) -> None:
     ``auto_offset_reset="earliest"`` promises. Records an agent got in the moment between the
     resume and this seek come twice, as after a crash, and the core ignores a record it has seen
     (seeking to the first record not yet handed over instead lost a record in the race)."""
-    consumer = app.consumer
+    consumer: Any = app.consumer  # the aiokafka consumer, which Faust's abstract type does not describe
     seek_to_committed = consumer.seek_to_committed
 
     async def seek_to_committed_or_beginning() -> Mapping[Any, int]:
-        committed = await seek_to_committed()
+        committed: Mapping[Any, int] = await seek_to_committed()
         changelogs = app.tables.changelog_topics
         fresh = [tp for tp, offset in committed.items() if not offset and tp.topic not in changelogs]
         if fresh:
@@ -81,7 +81,7 @@ def read_uncommitted_partitions_from_the_start(app: faust.App) -> None:
             await consumer._thread.seek_to_beginning(*fresh)  # the Faust consumer seeks through its thread
         return committed
 
-    consumer.seek_to_committed = seek_to_committed_or_beginning  # type: ignore[method-assign]
+    consumer.seek_to_committed = seek_to_committed_or_beginning
 
 
 def keep_changelog_partitions_known(app: faust.App) -> None:
@@ -98,13 +98,13 @@ def keep_changelog_partitions_known(app: faust.App) -> None:
     pool, the control plane failed every write of its dispatch ticks and result handlers, and then
     hung on shutdown; ``tests/streams/test_faust_fixes.py`` reproduces it). The partition is the
     producer's own partitioner over the declared count, so a key lands where it always did."""
-    producer = app.producer
+    producer: Any = app.producer  # the aiokafka producer, which Faust's abstract type does not describe
     key_partition = producer.key_partition
 
     def key_partition_of_a_known_topic(topic: str, key: bytes) -> TP:
         kafka = producer._ensure_producer()  # the aiokafka producer Faust drives
         if kafka.client.cluster.partitions_for_topic(topic) is not None:
-            return key_partition(topic, key)
+            return cast(TP, key_partition(topic, key))
         declared = {table.changelog_topic.get_topic_name(): table.changelog_topic.partitions or app.conf.topic_partitions
                     for table in app.tables.values()}
         if topic in declared:
@@ -113,6 +113,6 @@ def keep_changelog_partitions_known(app: faust.App) -> None:
             log.warning("producer metadata had lost changelog %s; partitioning its write over its %d declared "
                         "partitions", topic, len(partitions))
             return TP(topic, kafka._partitioner(key, partitions, partitions))
-        return key_partition(topic, key)
+        return cast(TP, key_partition(topic, key))
 
-    producer.key_partition = key_partition_of_a_known_topic  # type: ignore[method-assign]
+    producer.key_partition = key_partition_of_a_known_topic

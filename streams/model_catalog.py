@@ -22,7 +22,7 @@ class ModelInfo:
     def render(self, prompt: str | None, messages: list[dict[str, str]] | None) -> str:
         """The full model input: raw ``prompt`` text, or ``messages`` through the chat template."""
         if messages:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return str(self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
         if prompt is None:
             raise ValueError("a request needs a prompt or messages")
         return prompt

@@ -34,6 +34,7 @@ from phaseroute.streams.policy import (
     build_link_profiles,
     build_profile_rows,
 )
+from phaseroute.streams.policy.types import RowKey
 from phaseroute.streams.profiles import aggregates_sql as sql
 from phaseroute.streams.profiles.convert import link_to_avro, profiler_rows, record_key, row_to_avro
 
@@ -102,7 +103,7 @@ class ProfileBuilder:
         return self._publish(records)
 
     def telemetry_rows(
-        self, now: float, profiler: Mapping[tuple, ProfileRow] | None = None
+        self, now: float, profiler: Mapping[RowKey, ProfileRow] | None = None
     ) -> tuple[list[ProfileRow], list[LinkProfile]]:
         """TELEMETRY rows and links of the window ending at ``now`` (nothing published);
         ``profiler`` maps a row key to its PROFILER row (figures telemetry cannot measure)."""

@@ -82,7 +82,7 @@ def link_to_avro(link: LinkProfile, window_s: float) -> dict[str, Any]:
 def record_key(record: Mapping[str, Any]) -> str:
     """Key of a record on the compacted topic (``phaseroute.schemas.ids.profile_key``); a
     record's source is part of the key so PROFILER and TELEMETRY rows of one pool both survive."""
-    parts = [record["model"], record["phase"], record["pool"], record["variant"]]
+    parts = (record["model"], record["phase"], record["pool"], record["variant"])
     if record["phase"] == TRANSFER:
         return profile_key(*parts, source_pool=record["source_pool"])
     return profile_key(*parts) + "|" + str(record["source"]).lower()
@@ -114,10 +114,14 @@ def table_from_avro(
     records: Iterable[Mapping[str, Any]], table: ProfileTable | None = None, default_quality_score: float = 1.0
 ) -> ProfileTable:
     """``table`` (or an empty one) with every record's row or link (a later record replaces an earlier)."""
-    rows, links = [], []
+    rows: list[ProfileRow] = []
+    links: list[LinkProfile] = []
     for record in records:
         item = from_avro(record, default_quality_score)
-        (links if isinstance(item, LinkProfile) else rows).append(item)
+        if isinstance(item, LinkProfile):
+            links.append(item)
+        else:
+            rows.append(item)
     return (table or ProfileTable()).with_rows(rows, links)
 
 
