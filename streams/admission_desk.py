@@ -11,9 +11,8 @@ partitioned by job id across the instances of the admission group). Life of a jo
    and the measured profiles, as for the per-worker KV limit). It returns the verdict's sends
    (the job on ``jobs.admissions``, for the tracker; its event on ``jobs.events`` /
    ``jobs.state``), which the caller makes durable first, then the admitted job's requests for
-   ``requests.pending``, streamed from the spool with their text (a 50,000-line job is never a
-   list of records in memory). The line errors of an invalid file go to the blob store for the
-   Batch API.
+   ``requests.pending``, streamed from the spool with their text (a 50,000-line job is never a list of records in memory). The line errors of an invalid
+   file go to the blob store for the Batch API.
 3. ``learn`` takes a verdict read back from ``jobs.admissions``: a desk that is given a partition
    (at start, or from an instance that left) first reads the partition's verdicts, so an id
    judged before is never run again, wherever it was judged.
