@@ -8,11 +8,12 @@ partitioned by job id across the instances of the admission group). Life of a jo
    simulator) against the backlog of the dispatcher's last load snapshot (``control.load``) plus
    this desk's own admissions the snapshot does not hold yet, and the fleet's rate per model in
    that snapshot (the dispatcher's view; where it gives a model none, the pools as heartbeats say
-   and the measured profiles, as for the per-worker KV limit). It returns the verdict's sends (the job on ``jobs.admissions``, for the
-   tracker; its event on ``jobs.events`` / ``jobs.state``), which the caller makes durable first,
-   then the admitted job's requests for ``requests.pending``, streamed from the spool with their
-   text (a 50,000-line job is never a list of records in memory). The line errors of an invalid
-   file go to the blob store for the Batch API.
+   and the measured profiles, as for the per-worker KV limit). It returns the verdict's sends
+   (the job on ``jobs.admissions``, for the tracker; its event on ``jobs.events`` /
+   ``jobs.state``), which the caller makes durable first, then the admitted job's requests for
+   ``requests.pending``, streamed from the spool with their text (a 50,000-line job is never a
+   list of records in memory). The line errors of an invalid file go to the blob store for the
+   Batch API.
 3. ``learn`` takes a verdict read back from ``jobs.admissions``: a desk that is given a partition
    (at start, or from an instance that left) first reads the partition's verdicts, so an id
    judged before is never run again, wherever it was judged.

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from phaseroute.schemas.enums import JobEventKind, JobState
-from phaseroute.streams.policy import FleetRate, Phase, RequestWork, fleet_rate, fleet_tokens_per_s, measured_quality_refusal, path_quality
+from phaseroute.streams.policy import FleetRate, Phase, RequestWork, fleet_rate, measured_quality_refusal, path_quality
 
 from . import recovery
 from .admission import judge
@@ -321,8 +321,8 @@ class ControlCore:
             acc[0] += job.prefill_left
             acc[1] += job.decode_left
         for model in self.config.models:
-            pre = fleet_tokens_per_s(model, Phase.PREFILL, pools, d.table, now, self.config.router.confidence)
-            dec = fleet_tokens_per_s(model, Phase.DECODE, pools, d.table, now, self.config.router.confidence)
+            measured = fleet_rate(model, pools, d.table, now, self.config.router.confidence)
+            pre, dec = measured.prefill_tokens_per_s, measured.decode_tokens_per_s
             tokens_in, tokens_out = by_model.get(model, [1.0, 1.0])
             if pre > 0 and dec > 0 and tokens_in + tokens_out > 0:
                 rate += fair.cost(tokens_in, tokens_out) / (tokens_in / pre + tokens_out / dec)
