@@ -17,7 +17,8 @@ Undecodable records, and records the core could not handle, go to ``deadletter``
 reason; an exception in an agent or in the timer is logged and dead-lettered and the agent goes
 on (Faust would otherwise ack the event silently, or stop the app from a timer). The core's
 state lives in changelog-backed tables (``jobs``, ``requests``, ``tenants``; ``prompts`` holds
-each request's text once); after a restart the tables are rebuilt from Kafka and ``restore``
+each request's text once), written behind: ``flush_state`` every second and before each offset
+commit (``faust_fixes``), so a committed event's changes are in them; after a restart the tables are rebuilt from Kafka and ``restore``
 rebuilds the core from them, without blocking the event loop while the profile and pool views
 catch up. One dispatcher at a time: this app runs only in the instance that holds the control
 lease (``infra/control_lease.py``, started by ``phaseroute control``), and a standby takes over
@@ -67,6 +68,7 @@ log = logging.getLogger(__name__)
 APP_ID = topics.CONTROL_APP_ID
 CATCH_UP_S = 15.0  # how long a (re)start waits for the profile and pool views before it dispatches anyway
 LOAD_EVERY_S = 1.0  # how often the dispatcher's load snapshot goes to the admission desks
+FLUSH_EVERY_S = 1.0  # how often the core's changed state is written to its tables without a commit
 SERVED_MODELS = ("smollm2-135m",)  # the models the control plane admits jobs for
 
 # (topic, Avro kind, agent name): every topic the control plane reads
@@ -118,10 +120,6 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
         broker_request_timeout=max(90.0, settings.control_session_timeout_s + 30.0),  # Faust: >= the session
     )
 
-    drain_table_writes_before_commits(app)
-    read_uncommitted_partitions_from_the_start(app)
-    keep_changelog_partitions_known(app)
-
     def topic(name: str, kind: str) -> faust.TopicT:
         return app.topic(name, key_serializer="raw", value_serializer=f"{CODEC_NAME}.{kind}")
 
@@ -132,7 +130,11 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
     assert topics.CONTROL_TABLES == ("jobs", "requests", "tenants", "prompts")  # provisioned changelogs
     store = TableStore(table("jobs"), table("requests"), table("tenants"))
     prompts = table("prompts")
-    core = ControlCore(config, store)
+    # the core writes its tables before each offset commit and every FLUSH_EVERY_S, not after every event
+    core = ControlCore(config, store, write_behind=True)
+    drain_table_writes_before_commits(app, write_state=core.flush)
+    read_uncommitted_partitions_from_the_start(app)
+    keep_changelog_partitions_known(app)
     if views is not None:
         pool_view, profile_view, followed = views
     else:
@@ -221,6 +223,16 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
                 await send_all([shell.load(instance, time.time())])
             except Exception:  # a failed publish must not stop the app: the next one runs
                 log.exception("control/publish_load failed")
+
+    @app.timer(interval=FLUSH_EVERY_S)  # type: ignore[untyped-decorator]
+    async def flush_state() -> None:
+        """The core's state changed by ticks alone (dispatches, expiries, forgets) reaches the
+        tables though no input is read (a commit writes it too, before the offsets it commits)."""
+        if handle["ready"]:
+            try:
+                core.flush()
+            except Exception:  # a failed write must not stop the app: the next one writes it
+                log.exception("control/flush_state failed")
 
     @app.timer(interval=config.tick_s)  # type: ignore[untyped-decorator]
     async def dispatch() -> None:

@@ -3,7 +3,8 @@
 Each was found by measurement on the real broker; each is applied to one app, at build time:
 
 - ``drain_table_writes_before_commits``: an offset commit waits until every buffered table
-  write was sent, so a committed event's state changes are in the changelogs.
+  write was sent (after the app wrote the state it keeps in memory, when it has a
+  ``write_state``), so a committed event's state changes are in the changelogs.
 - ``read_uncommitted_partitions_from_the_start``: an input partition the group never committed
   is read from its first record after a rebalance, not from wherever the fetcher happened to be.
 - ``keep_changelog_partitions_known``: a table write still finds its changelog's partition after
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import faust
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 DRAIN_LIMIT_S = 120.0  # longest a commit waits for the table writes of the events it commits
 
 
-def drain_table_writes_before_commits(app: faust.App) -> None:
+def drain_table_writes_before_commits(app: faust.App, write_state: Callable[[], None] | None = None) -> None:
     """Make Faust's offset commits wait for every table write of the events they commit.
 
     Table writes are buffered (``ProducerBuffer``) and a commit flushes the buffer first, but
@@ -33,10 +34,16 @@ def drain_table_writes_before_commits(app: faust.App) -> None:
     kill -9 right after it lost the changelog writes of results whose offsets were committed
     (measured: a standby that took over found 5 of 40 requests still running, their results
     consumed and never counted, and the job never completed). Here ``flush`` returns only once
-    the buffer is empty, so a committed event's state changes are in the changelogs."""
+    the buffer is empty, so a committed event's state changes are in the changelogs.
+
+    ``write_state`` writes the state the app changed in memory since its last table write (the
+    control core's write-behind): it runs first, once the offsets to commit are chosen (Faust
+    chooses them before it flushes), so every event they cover has its state in the buffer."""
     buffer: Any = app.producer.buffer  # aiokafka's buffer: Faust's abstract type does not name its event
 
     async def flush_all() -> None:
+        if write_state is not None:
+            write_state()
         waited = 0.0
         while buffer.size and buffer.state == "running":
             buffer.message_sent.clear()

@@ -12,8 +12,10 @@ Life of one run (all randomness from the scenario's seed):
 3. faults: pools lost and returning, pools slowed, attempts failing, KV lost, tenants cancelling
    (and strangers trying to), heartbeats every second, profile and path-quality updates;
 4. control-plane restarts: the core is rebuilt from its store (a JSON round trip of the
-   records); the crash may lose the last call's sends or its table writes, and the messages it
-   had read but not committed are delivered again;
+   records); the crash may lose the last call's sends or its table writes (with ``write_behind``,
+   the store is written every ``FLUSH_S`` only: a crash loses what changed since), and the
+   messages it had read but not committed are delivered again (those of the last ``REDELIVER_S``,
+   which covers every message read since the last flush, as the live commit-after-flush does);
 5. the drain: faults stop, every pool comes back, and the run goes on until every admitted job
    is final or the drain limit passes; then the end invariants.
 A violation raises ``Violation`` with the event log (``self.log``) that led to it.
@@ -50,7 +52,9 @@ from phaseroute.streams.core.events import Event
 from phaseroute.streams.policy import PathQuality, ProfileTable
 
 TICK_S, HEARTBEAT_S, PROFILES_S = 0.25, 1.0, 30.0
+FLUSH_S = 1.0  # write_behind: the store is written this often (the live control plane's FLUSH_EVERY_S)
 REDELIVER_S = 2.0  # messages read this long before a crash were not committed: delivered again
+assert REDELIVER_S > FLUSH_S + TICK_S, "a crash must be followed by every event read since the last flush"
 
 
 @dataclass
@@ -67,7 +71,12 @@ class Restored:
     the fleet and the profiles)."""
 
 
-LogEntry = tuple[float, Event | Restart | Restored | None]  # None: a tick
+@dataclass
+class Flushed:
+    """In the log: a write-behind core writes what changed to its store here."""
+
+
+LogEntry = tuple[float, Event | Restart | Restored | Flushed | None]  # None: a tick
 
 
 @dataclass
@@ -91,7 +100,7 @@ class Harness:
         self.pools = sc.fleet(s, self.rng)
         self.fleet = FakeFleet(self.pools, sc.MODEL, s.faults, random.Random(s.seed * 31 + 7))
         self.store = JournalStore()
-        self.core = ControlCore(self.config, self.store, seed=s.seed)
+        self.core = ControlCore(self.config, self.store, seed=s.seed, write_behind=s.write_behind)
         self.log: list[LogEntry] = []
         self.ledger = Ledger()
         self.timeline: list[tuple[float, int, str, Any]] = []
@@ -104,6 +113,7 @@ class Harness:
         self.kinds: dict[str, str] = {}
         self.outcome = Outcome(s.seed, 0, 0, 0, 0, 0, 0, 0.0)
         self.now = 0.0
+        self.flushed_at = 0.0
 
     # -- the timeline --------------------------------------------------------------------------
     def _at(self, t: float, kind: str, payload: Any = None) -> None:
@@ -166,6 +176,14 @@ class Harness:
             self._deliver(OutputWritten(job_id, len(lines)), now)
         self._deliver(ResultReceived(rid, job_id, ok, tokens_in, tokens_out), now, ordered=True)
 
+    def _maybe_flush(self, now: float) -> None:
+        """A write-behind core's store is written every ``FLUSH_S`` (and only then)."""
+        if self.s.write_behind and now - self.flushed_at >= FLUSH_S:
+            self.flushed_at = now
+            self.log.append((now, Flushed()))
+            self.store.mark()
+            self.core.flush()
+
     # -- faults of the control plane -----------------------------------------------------------
     def _restart(self, now: float) -> None:
         lost = self.rng.choice(("nothing", "sends", "writes"))
@@ -180,7 +198,7 @@ class Harness:
         self.outcome.restarts += 1
         self.ledger.epoch += 1
         self.store = self.store.reloaded()
-        self.core = ControlCore(self.config, self.store, seed=seed)
+        self.core = ControlCore(self.config, self.store, seed=seed, write_behind=self.s.write_behind)
         self._call(FleetObserved(self.fleet.heartbeats(now)), now)
         self._call(ProfilesUpdated(self.table), now)
         self._flush_pending(now)
@@ -228,6 +246,7 @@ class Harness:
                 self._call(payload, t)
             elif kind == "tick":
                 self._call(None, t)
+                self._maybe_flush(t)
                 if self.core.more_to_release:  # the tick stopped at the release cap: it goes on at this instant
                     self._at(t, "tick")
                     continue

@@ -13,16 +13,16 @@ import time
 from collections.abc import Sequence
 
 from phaseroute.sim.dst import invariants
-from phaseroute.sim.dst.harness import LogEntry, Restart, Restored
+from phaseroute.sim.dst.harness import Flushed, LogEntry, Restart, Restored
 from phaseroute.sim.dst.invariants import Ledger, Violation
 from phaseroute.sim.dst.store import JournalStore
 from phaseroute.streams.core import ControlCore, CoreConfig, ResultReceived
 
 
-def replay(log: Sequence[LogEntry], config: CoreConfig, seed: int) -> Violation | None:
-    """Feed ``log`` to a new core; the first safety violation, or None."""
+def replay(log: Sequence[LogEntry], config: CoreConfig, seed: int, write_behind: bool = False) -> Violation | None:
+    """Feed ``log`` to a new core (writing its store as the run's did); the first safety violation, or None."""
     store = JournalStore()
-    core = ControlCore(config, store, seed=seed)
+    core = ControlCore(config, store, seed=seed, write_behind=write_behind)
     ledger = Ledger()
     try:
         for now, entry in log:
@@ -30,13 +30,16 @@ def replay(log: Sequence[LogEntry], config: CoreConfig, seed: int) -> Violation 
                 if entry.lost == "writes":
                     store.rollback()
                 store = store.reloaded()
-                core = ControlCore(config, store, seed=entry.seed)
+                core = ControlCore(config, store, seed=entry.seed, write_behind=write_behind)
                 ledger.epoch += 1
                 continue
             if isinstance(entry, Restored):
                 invariants.after_event(core, core.restore(now), ledger, now)
                 continue
             store.mark()
+            if isinstance(entry, Flushed):
+                core.flush()
+                continue
             before = core.dispatch.fair.report()
             decisions = core.tick(now) if entry is None else core.handle(entry, now)
             if isinstance(entry, ResultReceived) and entry.request_id not in ledger.ended:
@@ -50,10 +53,10 @@ def replay(log: Sequence[LogEntry], config: CoreConfig, seed: int) -> Violation 
 
 
 def shrink(log: list[LogEntry], config: CoreConfig, seed: int, invariant: str,
-           budget_s: float = 120.0) -> list[LogEntry]:
+           budget_s: float = 120.0, write_behind: bool = False) -> list[LogEntry]:
     """The shortest sub-log found within ``budget_s`` whose replay still breaks ``invariant`` (ddmin)."""
     def fails(candidate: list[LogEntry]) -> bool:
-        found = replay(candidate, config, seed)
+        found = replay(candidate, config, seed, write_behind)
         return found is not None and found.invariant == invariant
 
     deadline = time.monotonic() + budget_s

@@ -42,6 +42,7 @@ class Scenario:
     infeasible: float = 0.05           # share of jobs with a deadline no fleet could meet
     malformed: float = 0.05            # share of jobs with bad input (must be rejected with a reason)
     faults: Faults = field(default_factory=Faults)
+    write_behind: bool = False         # the core writes its store every second only, as the live control plane
 
 
 def core_config(s: Scenario, rng: random.Random) -> CoreConfig:

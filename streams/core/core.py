@@ -15,7 +15,13 @@ One bad event never stops the core: an exception while handling an event becomes
 decision (the shell logs it and dead-letters the event) and the core goes on; an exception
 while placing one request in a tick fails that attempt (``Dispatcher.internal_error``). After
 each event and each tick the changed jobs, requests and tenant counters are written to the
-store, from which ``restore`` rebuilds a core after a restart.
+store, from which ``restore`` rebuilds a core after a restart. With ``write_behind`` they are
+written only when the driver calls ``flush``: a job's counters change with every result and a
+request passes through several states between two flushes, so the store gets one write where it
+got several. That is safe for a driver that commits the events it read only after a ``flush``
+(the Faust shell flushes before every offset commit, and every second): a crash loses only state
+that the events read again rebuild, or that a tick decides again (a dispatch not written goes
+again with the same attempt id; an expiry or a forget not written happens again).
 """
 
 from __future__ import annotations
@@ -54,9 +60,11 @@ from .store import CoreStore, NullStore
 
 
 class ControlCore:
-    def __init__(self, config: CoreConfig, store: CoreStore | None = None, seed: int = 0) -> None:
+    def __init__(self, config: CoreConfig, store: CoreStore | None = None, seed: int = 0,
+                 write_behind: bool = False) -> None:
         self.config = config
         self.store: CoreStore = store if store is not None else NullStore()
+        self.write_behind = write_behind  # the store is written by ``flush`` only
         self.jobs = JobBook(config)
         self.dispatch = Dispatcher(config, random.Random(seed))
         self.quotas = dict(config.quotas)
@@ -83,7 +91,8 @@ class ControlCore:
             out = [Problem(type(event).__name__, reason, event)]
             if isinstance(event, RequestQueued):
                 out += self._quarantine(event, reason, now)
-        self._flush()
+        if not self.write_behind:
+            self.flush()
         return out
 
     def tick(self, now: float) -> list[Decision]:
@@ -102,7 +111,8 @@ class ControlCore:
                 out += step(now) or []
             except Exception as exc:  # one failing step must not stop the others
                 out.append(Problem(f"tick/{name}", f"{type(exc).__name__}: {exc}"))
-        self._flush()
+        if not self.write_behind:
+            self.flush()
         return out
 
     @property
@@ -345,7 +355,9 @@ class ControlCore:
         return self.dispatch.reports
 
     # -- persistence ---------------------------------------------------------------------------
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Write what changed since the last write to the store (with ``write_behind``: before
+        the driver commits the events it read)."""
         d, jobs, store = self.dispatch, self.jobs, self.store
         if not store.enabled:
             d.dirty.clear()
@@ -384,7 +396,7 @@ class ControlCore:
         self.jobs.dirty.clear()
         for job_id in list(d.by_job):
             out += self._forget_if_whole(job_id)
-        self._flush()
+        self.flush()
         return out
 
     def _restore_request(self, state: RequestState, now: float) -> list[Decision]:

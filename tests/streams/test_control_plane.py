@@ -63,7 +63,7 @@ class Plane:
             config = replace(config, fair=fair)
         self.config = config
         self.store = store if store is not None else DictStore()
-        self.core = ControlCore(config, self.store, seed=1)
+        self.core = ControlCore(config, self.store, seed=1, write_behind=True)  # as the Faust app runs it
         self.pools, self.profiles = pools or PoolView(config.heartbeat_timeout_s), profiles or ProfileView()
         self.shell = ControlShell(self.core, prompts if prompts is not None else {}, {MODEL: model_info},
                                   output_prefix, self.pools, self.profiles)
@@ -469,6 +469,7 @@ def test_a_restarted_control_plane_keeps_the_tenants_counters_and_running_slots(
     first = plane(model_info, {"colo": "BOTH"}, now)
     admit_all(first, job("j-flood", "flood", 30, 3600, now), now)
     sent = prefill(first.tick(now + 0.1))
+    first.core.flush()  # the app writes the core's state every second and before each commit
     before = first.core.dispatch.fair.state()
     assert sent and first.store.tenants["flood"] == {"counter": before["flood"][0], "served_cost": before["flood"][1]}
 

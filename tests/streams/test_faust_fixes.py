@@ -138,3 +138,21 @@ def test_faust_as_shipped_fails_that_write(bootstrap: str, tmp_path: Path) -> No
     text, _ = _run_late_topic(bootstrap, as_is=True, tmp_path=tmp_path)
     assert "write 1 ok" in text, text[-3000:]
     assert "write 2 failed TypeError" in text, text[-3000:]
+
+
+def test_the_producer_flush_a_commit_starts_with_writes_the_apps_state_first() -> None:
+    """Faust flushes the producer after it chose the offsets to commit and before it commits
+    them; with the correction that flush first calls ``write_state`` (the control core's
+    write-behind), so every committed event's state is among the writes it waits for."""
+    import asyncio
+
+    import faust
+
+    from phaseroute.streams.faust_fixes import drain_table_writes_before_commits
+
+    calls: list[str] = []
+    app = faust.App(f"test-write-state-{uuid.uuid4().hex[:6]}", broker="kafka://127.0.0.1:1", store="memory://",
+                    web_enabled=False)
+    drain_table_writes_before_commits(app, write_state=lambda: calls.append("state written"))
+    asyncio.run(app.producer.flush())
+    assert calls == ["state written"]
