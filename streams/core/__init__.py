@@ -5,7 +5,8 @@ The live control plane (the Faust shell in ``streams/app.py``) and the simulator
 (``decisions``), state persisted to a ``CoreStore``. Modules: ``state`` (statuses, requests,
 attempts, jobs and their records), ``config``, ``fleet`` (pools + the core's own counts),
 ``admission`` (the verdict on a submitted job), ``jobs`` (tracking, keyed by job), ``dispatcher`` (fair release, routing,
-attempts, keyed by request), ``recovery`` (back-offs, dead pools, stragglers), ``core``.
+attempts, keyed by request), ``recovery`` (back-offs, dead pools, stragglers), ``restoring``
+(a request taken back from the store after a restart), ``core``.
 """
 
 from .admission import Verdict, judge

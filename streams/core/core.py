@@ -26,19 +26,18 @@ again with the same attempt id; an expiry or a forget not written happens again)
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from phaseroute.schemas.enums import JobEventKind, JobState
-from phaseroute.streams.policy import FleetRate, Phase, RequestWork, fleet_rate, measured_quality_refusal, path_quality
+from phaseroute.streams.policy import FleetRate, Phase, RequestWork, fleet_rate
 
-from . import recovery
+from . import recovery, restoring
 from .admission import judge
 from .config import CoreConfig
-from .decisions import Decision, Dispatch, FailRequest, Forget, Problem
+from .decisions import Decision, FailRequest, Forget, Problem
 from .dispatcher import Dispatcher, Reports
 from .events import (
     AttemptFailed,
@@ -55,7 +54,7 @@ from .events import (
     TenantsUpdated,
 )
 from .jobs import JobBook, changed, output_whole
-from .state import Attempt, JobRecord, RequestState, RequestStatus
+from .state import JobRecord, RequestState, RequestStatus
 from .store import CoreStore, NullStore
 
 
@@ -391,54 +390,13 @@ class ControlCore:
         out: list[Decision] = []
         for rid, record in sorted(store.requests.items()):
             state = RequestState.from_record(rid, record)
-            out += self._restore_request(state, now)
+            out += restoring.restore_request(self.dispatch, state, self.config, now)
         d.dirty.clear()
         self.jobs.dirty.clear()
         for job_id in list(d.by_job):
             out += self._forget_if_whole(job_id)
         self.flush()
         return out
-
-    def _restore_request(self, state: RequestState, now: float) -> list[Decision]:
-        d = self.dispatch
-        d.requests[state.request_id] = state
-        d.by_job.setdefault(state.job_id, set()).add(state.request_id)
-        status = state.status
-        if status is RequestStatus.QUEUED:
-            d.fair.enqueue(state.work, now)
-        elif status is RequestStatus.BACKOFF:
-            heapq.heappush(d.backoff, (state.retry_at or now, d._next_seq(), state.request_id))
-        elif status is RequestStatus.RUNNING:
-            d.fair.resume(state.work)  # it holds its tenant's slot again
-            attempts, state.attempts = state.attempts, []
-            resend: list[Decision] = []
-            for attempt in attempts:
-                state.attempts.append(attempt)
-                d.fleet.add_in_flight(attempt.pool, 1, state.work.total_tokens)
-                d.on_pool.setdefault(attempt.pool, set()).add((state.request_id, attempt.number))
-                d.watch(state, attempt, now)
-                recent = now - attempt.started_at <= self.config.resend_after_restart_s
-                if attempt.phase is Phase.PREFILL and recent and self._resendable(state, attempt, now):
-                    # dispatched just before the stop: its send may be lost (a table write and a send
-                    # are not one transaction); the same attempt again is harmless (same ids)
-                    resend.append(Dispatch(state.work, state.custom_id, state.priority, attempt.number,
-                                           attempt.prefill_pool, attempt.decode_pool, attempt.colocated,
-                                           attempt.speculative, False))
-            return resend
-        elif status is RequestStatus.FAILING:
-            return [FailRequest(state.work, state.custom_id, state.next_attempt, state.final_reason or "failed",
-                                state.final_code or "request_failed")]
-        return []
-
-    def _resendable(self, state: RequestState, attempt: Attempt, now: float) -> bool:
-        """Both pools of the attempt are known and alive (a dead one's work is placed again
-        anyway), and the canaries have not since demoted its path for the request's tier (if its
-        first send was lost, the attempt times out and is placed again where the tier allows)."""
-        fleet, dead = self.dispatch.fleet, self.dispatch.fleet.dead(now)
-        if not all(fleet.known(p) and p not in dead for p in (attempt.prefill_pool, attempt.decode_pool)):
-            return False
-        measured = path_quality(self.dispatch.table, state.work.model, attempt.prefill_pool, attempt.decode_pool, now)
-        return measured is None or measured_quality_refusal(state.work, measured) is None
 
     def job_state(self, job_id: str) -> JobState | None:
         job = self.jobs.jobs.get(job_id)

@@ -95,17 +95,17 @@ def test_exact_work_on_a_demoted_path_is_caught_and_its_log_shrinks(monkeypatch:
 
 def test_work_lost_in_a_restart_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Planted bug: a restarted core forgets the requests that were waiting out a back-off."""
-    from phaseroute.streams.core import ControlCore, RequestStatus
+    from phaseroute.streams.core import RequestStatus, restoring
 
-    original = ControlCore._restore_request
+    original = restoring.restore_request
 
-    def forgetful(self, state, now):  # type: ignore[no-untyped-def]
+    def forgetful(d, state, config, now):  # type: ignore[no-untyped-def]
         if state.status is RequestStatus.BACKOFF:
             state.status = RequestStatus.RUNNING  # believes it runs: nobody will place it again
             state.attempts = []
-        return original(self, state, now)
+        return original(d, state, config, now)
 
-    _planted(monkeypatch, ControlCore, "_restore_request", forgetful)
+    _planted(monkeypatch, restoring, "restore_request", forgetful)
     caught = {}
     # seeds where the restarts find requests in back-off (most such restarts are healed by expiry),
     # with the store written after each event and written behind
