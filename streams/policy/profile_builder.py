@@ -74,6 +74,10 @@ class ProfileBuilderConfig:
     Set it below the EXACT threshold to keep unmeasured pools off exact work."""
     no_success_tokens_per_s: float = 1e-6
     """Throughput recorded for a row whose samples all failed (it must stay unattractive)."""
+    stale_point_s: float = 30.0
+    """A curve point whose newest sample is this much older than the row's newest is stale (the
+    pool has not run that batch size since); a stale point that fresher points contradict is
+    dropped (see ``_drop_contradicted``)."""
 
     def __post_init__(self) -> None:
         owner = "ProfileBuilderConfig"
@@ -81,6 +85,7 @@ class ProfileBuilderConfig:
         _checks.positive(owner, "max_age_s", self.max_age_s, allow_inf=True)
         _checks.non_negative(owner, "default_quality_score", self.default_quality_score)
         _checks.positive(owner, "no_success_tokens_per_s", self.no_success_tokens_per_s)
+        _checks.positive(owner, "stale_point_s", self.stale_point_s, allow_inf=True)
 
 
 def _weighted(values: Sequence[tuple[float, float]]) -> float:
@@ -90,12 +95,40 @@ def _weighted(values: Sequence[tuple[float, float]]) -> float:
 
 def _curve(buckets: Sequence[PhaseAggregate], config: ProfileBuilderConfig) -> tuple[CurvePoint, ...]:
     by_size: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    seen: dict[int, float] = {}
     for b in buckets:
         if b.samples >= config.min_bucket_samples and b.tokens_per_s > 0 and b.samples > b.errors:
-            by_size[max(1, b.batch_size)].append((b.tokens_per_s, b.samples - b.errors))
+            size = max(1, b.batch_size)
+            by_size[size].append((b.tokens_per_s, b.samples - b.errors))
+            seen[size] = max(seen.get(size, -math.inf), b.last_seen)
     if not by_size:
         return (CurvePoint(1, config.no_success_tokens_per_s),)
-    return tuple(CurvePoint(size, _weighted(points)) for size, points in sorted(by_size.items()))
+    points = {size: _weighted(values) for size, values in sorted(by_size.items())}
+    return tuple(CurvePoint(size, tps) for size, tps in _drop_contradicted(points, seen, config.stale_point_s).items())
+
+
+def _drop_contradicted(points: dict[int, float], seen: dict[int, float], stale_s: float) -> dict[int, float]:
+    """Drop each stale point (batch size not run for ``stale_s`` before the row's newest sample)
+    that the fresh points contradict: faster than linear scaling from the nearest fresh point
+    below it, or faster than the nearest fresh point above it (a pool's total throughput neither
+    grows faster than its batch nor falls as the batch grows). A pool slowed at run time gets
+    less work and runs smaller batches; the decay weighs samples only within their batch size,
+    so its full-batch point kept the speed from before the slowdown and the router, which
+    weighs pools by full-batch capacity, kept sending it work (seen in CI: a 4x slower pool at
+    290 prefill tokens/s at batch 4, its fresh batches of 2 at 61). Without the point the curve
+    is read flat above the last point, as for a pool never seen at full batch. A stale point no
+    fresh one contradicts (a healthy pool that is merely less busy now) stays."""
+    newest = max(seen.values())
+    fresh = [size for size in points if seen[size] >= newest - stale_s]
+    kept: dict[int, float] = {}
+    for size, tps in points.items():
+        below = max((f for f in fresh if f < size), default=None)
+        above = min((f for f in fresh if f > size), default=None)
+        contradicted = size not in fresh and (
+            (below is not None and tps > points[below] * size / below) or (above is not None and tps > points[above]))
+        if not contradicted:
+            kept[size] = tps
+    return kept
 
 
 def _row(key: RowKey, buckets: Sequence[PhaseAggregate], config: ProfileBuilderConfig) -> ProfileRow:

@@ -166,3 +166,19 @@ def test_one_table_gives_different_effective_rows_at_different_times(mk):
     later = effective_profile(t, mk.MODEL, Phase.DECODE, "p", "fp32", mk.NOW + 600, cfg)
     assert later.row.tokens_per_s(32) > fresh.row.tokens_per_s(32)
     assert effective_profile(t, mk.MODEL, Phase.DECODE, "p", "fp32", mk.NOW, cfg) == fresh
+
+
+def test_a_full_batch_point_the_fresh_batches_contradict_is_dropped():
+    """A pool slowed at run time runs smaller batches; its batch-4 point from before the slowdown
+    (the CI run's figures: 290 prefill tokens/s, while its fresh batches of 2 ran 61) must not
+    stay its full-batch capacity. A stale point the fresh ones do not contradict stays."""
+    slowed = build_profile_rows([agg(batch=1, tps=46.8), agg(batch=2, tps=61.4), agg(batch=4, tps=290.4, last_seen=NOW - 40)],
+                                NOW)[0]
+    assert [p.batch_size for p in slowed.curve] == [1, 2]
+    assert slowed.tokens_per_s(4) == pytest.approx(61.4), "read flat above the last fresh point"
+    idle = build_profile_rows([agg(batch=1, tps=216.0), agg(batch=4, tps=251.5, last_seen=NOW - 600)], NOW)[0]
+    assert [p.batch_size for p in idle.curve] == [1, 4], "a healthy pool that is merely less busy keeps its point"
+    small_stale = build_profile_rows([agg(batch=2, tps=27.2, last_seen=NOW - 40), agg(batch=4, tps=8.0)], NOW)[0]
+    assert [p.batch_size for p in small_stale.curve] == [4], "faster at batch 2 than the fresh batch 4: dropped"
+    recent = build_profile_rows([agg(batch=2, tps=61.4), agg(batch=4, tps=290.4, last_seen=NOW - 20)], NOW)[0]
+    assert [p.batch_size for p in recent.curve] == [2, 4], "seen within stale_point_s: not stale yet"
