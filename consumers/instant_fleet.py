@@ -97,9 +97,10 @@ class InstantFleet:
         try:
             while not self._stop.is_set():
                 for msg in consumer.consume(500, 0.2):
-                    if msg.error() or msg.value() is None:
+                    value = msg.value()
+                    if msg.error() or value is None:
                         continue
-                    _, work = serde.decode(msg.value())
+                    _, work = serde.decode(value)
                     self._producer.produce(RESULTS_TOPIC, key=work["job_id"].encode(),
                                            value=serde.encode("result", self._result(work)))
                     self.answered += 1

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from phaseroute.consumers.handler import Completion, Handler, Output, WorkItem
 from phaseroute.consumers.kafka_clients import TrackedProducer, new_consumer
@@ -85,6 +85,14 @@ def consumer_overrides(config: LoopConfig) -> dict[str, Any]:
     if len(config.topic_kinds) > 1:
         overrides.setdefault("partition.assignment.strategy", "range")
     return overrides
+
+
+def _position(msg: Message) -> tuple[tuple[str, int], int]:
+    """``((topic, partition), offset)`` of a consumed message without error (librdkafka sets all three)."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    if topic is None or partition is None or offset is None:
+        raise ValueError(f"consumed message without a position: topic={topic!r} partition={partition!r} offset={offset!r}")
+    return (topic, partition), offset
 
 
 class WorkerLoop:
@@ -152,22 +160,23 @@ class WorkerLoop:
         items, refused = [], []
         now = time.time()
         for msg in messages:
-            if msg.error() is not None:
-                if msg.error().code() != KafkaError._PARTITION_EOF:
-                    log.warning("consume error: %s", msg.error())
+            error = msg.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consume error: %s", error)
                 continue
-            tp = (msg.topic(), msg.partition())
-            self.offsets.taken(tp, msg.offset())
+            tp, offset = _position(msg)
+            self.offsets.taken(tp, offset)
             decoded = safe_decode(
-                msg.value(), msg.key(), topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),
-                expected_kind=self.config.topic_kinds.get(msg.topic()), service=self.config.service,
+                msg.value(), msg.key(), topic=tp[0], partition=tp[1], offset=offset,
+                expected_kind=self.config.topic_kinds.get(tp[0]), service=self.config.service,
                 now_ms=int(now * 1000),
             )
             if isinstance(decoded, Rejected):
-                log.warning("dead letter from %s[%d]@%d: %s", tp[0], tp[1], msg.offset(), decoded.dead_letter["reason"])
-                refused.append((tp, msg.offset(), decoded.dead_letter))
+                log.warning("dead letter from %s[%d]@%d: %s", tp[0], tp[1], offset, decoded.dead_letter["reason"])
+                refused.append((tp, offset, decoded.dead_letter))
                 continue
-            items.append(WorkItem(tp, msg.offset(), decoded.kind, decoded.record, now, msg.timestamp()[1] / 1000.0))
+            items.append(WorkItem(tp, offset, decoded.kind, decoded.record, now, msg.timestamp()[1] / 1000.0))
         for tp, _offset, dead in refused:
             self.producer.produce(DEADLETTER_TOPIC, tp[0], serde.encode("dead_letter", dead))
         if refused:
@@ -185,7 +194,7 @@ class WorkerLoop:
             return self.config.poll_timeout_s
         if self.handler.batch_ready(now):
             return 0.0
-        due_in = getattr(self.handler, "due_in", None)
+        due_in: Callable[[float], float] | None = getattr(self.handler, "due_in", None)
         if due_in is None:  # a handler that cannot say: poll without waiting, as before
             return 0.0
         return min(self.config.poll_timeout_s, max(0.0, due_in(now)))

@@ -108,8 +108,11 @@ def load_prefill_curve(bootstrap: str, topic: str, model: str, pool: str, varian
                     if error.code() == KafkaError._PARTITION_EOF:
                         pending.discard(msg.partition())
                     continue
+                value = msg.value()
                 try:
-                    _, row = serde.decode(msg.value(), "profile_row")
+                    if value is None:
+                        raise ValueError(f"profile row at {msg.topic()}[{msg.partition()}]@{msg.offset()} has no value")
+                    _, row = serde.decode(value, "profile_row")
                 except Exception as exc:
                     log.debug("skipping an undecodable profile row: %s", exc)
                     continue

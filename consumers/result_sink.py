@@ -54,6 +54,9 @@ class ResultSinkHandler:
     def batch_ready(self, now: float) -> bool:
         return True
 
+    def due_in(self, now: float) -> float:
+        return 0.0  # every batch is ready at once (nothing is gathered)
+
     def admit(self, items: list[WorkItem]) -> list[Completion]:
         done: list[Completion] = []
         by_job: dict[tuple[str, str], list[tuple[WorkItem, Completion]]] = {}

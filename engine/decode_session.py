@@ -167,7 +167,7 @@ class TorchDecodeSession:
                 # its 4D mask passed through by transformers untouched
                 **({} if cache.contiguous else {"attention_mask": cache.valid, "paged_owner": cache.owner}),
             ).last_hidden_state
-            logits = ex.lm_head(hidden[:, -1:, :])[:, 0].float()
+            logits: torch.Tensor = ex.lm_head(hidden[:, -1:, :])[:, 0].float()
         ex._sync()
         return logits
 

@@ -30,7 +30,7 @@ class WeightOnlyInt8Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        out = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales.to(x.dtype))
+        out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales.to(x.dtype))
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)

@@ -19,6 +19,7 @@ blob (read-only buffers included: the tensors are only ever read).
 from __future__ import annotations
 
 import json
+import mmap
 import struct
 import warnings
 import zlib
@@ -81,7 +82,7 @@ def encode(kv: KVCache) -> bytes:
     return b"".join(encode_parts(kv))
 
 
-def decode(blob: bytes | bytearray | memoryview, device: str = "cpu") -> KVCache:
+def decode(blob: bytes | bytearray | memoryview | mmap.mmap, device: str = "cpu") -> KVCache:
     """Verify and deserialize a blob; ``KVIntegrityError`` names what is wrong."""
     view = memoryview(blob).cast("B") if memoryview(blob).format != "B" else memoryview(blob)
     if len(view) < _PREFIX.size + _CRC.size:
@@ -130,7 +131,8 @@ def _tensors(view: memoryview, start: int, meta: KVMeta, device: str) -> KVCache
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # read-only buffers: the tensors are only ever read
         raw = torch.frombuffer(view, dtype=torch.uint8) if len(view) else torch.empty(0, dtype=torch.uint8)
-    keys, values = [], []
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
     offset = start
     for _ in range(meta.num_layers):
         for out in (keys, values):

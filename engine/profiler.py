@@ -21,7 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 
@@ -113,7 +113,17 @@ def _cell(phase: str, batch: int, seq_len: int, latencies: list[float], tokens_p
     }
 
 
-def _fits(ex: Any, batch: int, tokens: int) -> bool:
+class _Budgeted(Protocol):
+    """What ``_fits`` reads of an executor (``TorchExecutor`` has these)."""
+
+    @property
+    def max_context(self) -> int: ...
+    @property
+    def kv_budget_bytes(self) -> int: ...
+    def kv_bytes_per_token(self) -> int: ...
+
+
+def _fits(ex: _Budgeted, batch: int, tokens: int) -> bool:
     return tokens <= ex.max_context and batch * tokens * ex.kv_bytes_per_token() <= ex.kv_budget_bytes
 
 

@@ -41,7 +41,8 @@ PASSAGE = (
 
 
 def passage_ids(tokenizer: Any) -> list[int]:
-    return tokenizer.encode(PASSAGE, add_special_tokens=False)
+    ids: list[int] = tokenizer.encode(PASSAGE, add_special_tokens=False)
+    return ids
 
 
 def chat_prompt_ids(tokenizer: Any, target_tokens: int, offset: int = 0) -> list[int]:

@@ -25,7 +25,8 @@ def backend_class(name: str) -> type:
     if name not in BACKENDS:
         raise UnknownNameError(f"unknown backend {name!r}; known backends: {sorted(BACKENDS)}")
     module_name, _, attr = BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module_name), attr)
+    executor_class: type = getattr(importlib.import_module(module_name), attr)
+    return executor_class
 
 
 def build_executor(

@@ -77,7 +77,7 @@ class ThrottledExecutor:
 
     def prefill(self, items: list[Any]) -> list[Any]:
         started = time.perf_counter()
-        results = self._inner.prefill(items)
+        results: list[Any] = self._inner.prefill(items)
         self._slowdown.stretch(started)
         return results
 

@@ -85,12 +85,14 @@ class TorchExecutor:
             return list(item.token_ids)
         if item.messages is not None:
             return self.apply_chat_template(item.messages)
-        return self._require_tokenizer().encode(item.prompt, add_special_tokens=False)
+        ids: list[int] = self._require_tokenizer().encode(item.prompt, add_special_tokens=False)
+        return ids
 
     def decode_text(self, token_ids: list[int]) -> str:
         if self.tokenizer is None:
             return ""
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        text: str = self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return text
 
     def check_admission(self, prompt_tokens: int, max_tokens: int, request_id: str = "") -> None:
         """Refuse (before any work) what cannot fit: the context window or the KV budget."""

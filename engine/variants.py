@@ -75,7 +75,8 @@ def apply_variant(model: Any, variant: VariantConfig) -> Any:
             raise BackendUnavailableError(f"variant {variant.name!r}: int8-dynamic runs on cpu only, not {variant.device!r}")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.ao deprecation notice
-            return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+            # torch.ao.quantization.quantize_dynamic has no annotations (a torch typing gap)
+            return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)  # type: ignore[no-untyped-call]
     model = model.to(device=variant.device, dtype=getattr(torch, variant.dtype))
     if variant.quantization == "int8-weight":
         _swap_linears(model)

@@ -41,11 +41,16 @@ from .types import PathQuality, ProfileTable
 class DriftFigures(Protocol):
     """What one canary round measured (``engine.drift.DriftMetrics`` has these)."""
 
-    positions: int
-    greedy_agreement: float
-    top1_agreement: float
-    mean_kl: float
-    max_kl: float
+    @property
+    def positions(self) -> int: ...
+    @property
+    def greedy_agreement(self) -> float: ...
+    @property
+    def top1_agreement(self) -> float: ...
+    @property
+    def mean_kl(self) -> float: ...
+    @property
+    def max_kl(self) -> float: ...
 
 
 @dataclass(frozen=True)
