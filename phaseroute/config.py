@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -162,8 +163,10 @@ class Settings(BaseSettings):
 
 def load_settings(**overrides: object) -> Settings:
     """Read the environment (plus explicit overrides); raise ConfigError naming each bad value."""
+    # any value may come in: pydantic validates (and coerces) each one, and a bad one raises below
+    values: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
     try:
-        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+        return Settings(**values)
     except ValidationError as exc:
         problems = []
         for err in exc.errors():

@@ -62,7 +62,7 @@ def authenticate(request: Request) -> str:
         raise ApiError(429, f"too many failed authentications from {client}; retry in {wait:.0f} s",
                        "rate_limit_exceeded", headers={"Retry-After": str(max(1, int(wait + 0.999)))})
     key = bearer_key(request)
-    tenant = state.registry.authenticate(key) if key else None
+    tenant: str | None = state.registry.authenticate(key) if key else None
     if tenant is None:
         state.limiter.failed(client)
         message = ("no API key given: send 'Authorization: Bearer <key>' (keys are made by `phaseroute tenants add`)"

@@ -89,7 +89,7 @@ def create_batch(request: Request, tenant: Tenant, body: CreateBatch,
 def _wait_for_record(state: Any, tenant: str, batch_id: str, wait_s: float = 5.0) -> dict[str, Any]:
     deadline = time.time() + wait_s
     while True:
-        record = state.batches.get(tenant, batch_id)
+        record: dict[str, Any] | None = state.batches.get(tenant, batch_id)
         if record is not None:
             return record
         if time.time() > deadline:
@@ -108,7 +108,7 @@ def list_batches(request: Request, tenant: Tenant, after: str | None = None,
 
 
 def _batch(request: Request, tenant: str, batch_id: str) -> dict[str, Any]:
-    record = request.app.state.batches.get(tenant, batch_id)
+    record: dict[str, Any] | None = request.app.state.batches.get(tenant, batch_id)
     if record is None:
         raise not_found("batch", batch_id)
     return record

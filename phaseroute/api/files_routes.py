@@ -3,7 +3,7 @@ download, delete. Every lookup is in the caller's own prefix: another tenant's i
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
 from fastapi.responses import StreamingResponse
@@ -51,8 +51,8 @@ def list_files(
                     last_id=data[-1]["id"] if data else None, has_more=more)
 
 
-def _file(request: Request, tenant: str, file_id: str) -> dict:
-    meta = request.app.state.files.get(tenant, file_id)
+def _file(request: Request, tenant: str, file_id: str) -> dict[str, Any]:
+    meta: dict[str, Any] | None = request.app.state.files.get(tenant, file_id)
     if meta is None:
         raise not_found("file", file_id)
     return meta

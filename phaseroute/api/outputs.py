@@ -35,8 +35,9 @@ MARKER = "assembled.json"
 
 def output_file_ids(batch_id: str) -> tuple[str, str]:
     stamp = batch_id.removeprefix("batch_")[:11]
-    return tuple(f"file-{stamp}{hashlib.sha256(f'{batch_id}/{kind}'.encode()).hexdigest()[:12]}"  # type: ignore[return-value]
-                 for kind in ("output", "errors"))
+    output_id, errors_id = (f"file-{stamp}{hashlib.sha256(f'{batch_id}/{kind}'.encode()).hexdigest()[:12]}"
+                            for kind in ("output", "errors"))
+    return output_id, errors_id
 
 
 def assemble(store: BlobStore, files: FileStore, batch: dict[str, Any], finished_at: int) -> tuple[str | None, str | None]:

@@ -5,6 +5,7 @@ registry: tenants, weights, quotas and API keys; operator commands that write th
 from __future__ import annotations
 
 import json
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import typer
@@ -22,7 +23,7 @@ def api(host: str = typer.Option(None, "--host", help="Listen address (env PHASE
     serve(current_settings(), host, port)
 
 
-def _errors():  # type: ignore[no-untyped-def]
+def _errors() -> AbstractContextManager[None]:
     from phaseroute.api.kafka_io import BrokerUnavailable
 
     return errors_as_messages(ValueError, BrokerUnavailable, RuntimeError)

@@ -48,7 +48,7 @@ def _input(path: Path, n: int, tag: str) -> Path:
     return path
 
 
-def _wait_for_desks(bootstrap: str, instances: int, procs: dict[str, subprocess.Popen], timeout_s: float) -> list[int]:
+def _wait_for_desks(bootstrap: str, instances: int, procs: dict[str, subprocess.Popen[bytes]], timeout_s: float) -> list[int]:
     """Until the admission group has ``instances`` members, each with partitions; the partitions
     of ``jobs.submitted`` taken from each member in turn (jobs on them go to every desk in turn)."""
     from confluent_kafka.admin import AdminClient
@@ -71,7 +71,7 @@ def _wait_for_desks(bootstrap: str, instances: int, procs: dict[str, subprocess.
                        f"in {timeout_s:.0f} s")
 
 
-def _wait_for_line(log: Path, needle: str, procs: dict[str, subprocess.Popen], timeout_s: float) -> None:
+def _wait_for_line(log: Path, needle: str, procs: dict[str, subprocess.Popen[bytes]], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         dead = {n: p.returncode for n, p in procs.items() if p.poll() is not None}
@@ -123,7 +123,7 @@ def run(settings: Settings, jobs: int, requests: int, pools: int, timeout_s: flo
                            "own; stop it first (`phaseroute down`, then `phaseroute up` without --pools)")
     work = Path(tempfile.mkdtemp(prefix="bench-control-"))
     probe = FailoverProbe(work, control, kill_after_s) if kill_after_s is not None else None
-    procs: dict[str, subprocess.Popen] = {}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
     start_process(procs, work, "control-0", "control")
     start_process(procs, work, "results", "sink", "results")
     fleet = InstantFleet(bootstrap, pools)

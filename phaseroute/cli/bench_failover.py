@@ -32,7 +32,7 @@ class FailoverProbe:
         self.restored: tuple[int, int] | None = None
         self.by: str | None = None
 
-    def step(self, started: float, procs: dict[str, subprocess.Popen]) -> None:
+    def step(self, started: float, procs: dict[str, subprocess.Popen[bytes]]) -> None:
         """Kill the dispatcher when it is time; note what the standbys log after."""
         now = time.time()
         if self.killed_at is None:

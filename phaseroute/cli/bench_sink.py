@@ -42,7 +42,7 @@ def bench_sink(
 
 
 def run(bootstrap: str, rate: float, seconds: float, poll_rule: str) -> dict[str, Any]:
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # re-exported, not listed
 
     from phaseroute.config import load_settings
     from phaseroute.consumers.loop import LoopConfig, WorkerLoop

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -28,19 +29,22 @@ from phaseroute.cli.jobs_operator import (  # noqa: F401  (the demo imports them
     publish,
 )
 
+if TYPE_CHECKING:
+    from phaseroute.api.client import BatchClient
+
 KEY_HELP = "A tenant's API key: go through the Batch API (env PHASEROUTE_API_KEY). Without one: operator mode."
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "EXPIRED", "REJECTED"}
 FINAL_STATUSES = {"completed", "failed", "expired", "cancelled"}
 
 
-def _errors():  # type: ignore[no-untyped-def]
+def _errors() -> AbstractContextManager[None]:
     from phaseroute.api.client import ApiClientError
     from phaseroute.api.kafka_io import BrokerUnavailable
 
     return errors_as_messages(ValueError, RuntimeError, BrokerUnavailable, ApiClientError, OSError)
 
 
-def _client(key: str | None):  # type: ignore[no-untyped-def]
+def _client(key: str | None) -> BatchClient | None:
     from phaseroute.api.client import BatchClient
 
     settings = current_settings()

@@ -122,8 +122,8 @@ def attempts(settings: Settings, job_id: str, since: float, until: float, pools:
     """Work messages per request of the job (more than 1 prefill_work: retries or speculative
     copies were sent), and the canaries the drift monitor sent to the pools in the window
     (tenant ``_canary``, straight to the pool topics) with their prompt tokens."""
-    from phaseroute.consumers.drift_monitor import CANARY_TENANT
     from phaseroute.infra.topics import decode_topic, prefill_topic
+    from phaseroute.schemas.ids import CANARY_TENANT
 
     counts = {"prefill_work": 0, "decode_work": 0}
     requests: set[str] = set()

@@ -56,7 +56,8 @@ class Sources:
 
 
 def _epoch_s(value: Any) -> float:
-    return value.timestamp() if hasattr(value, "timestamp") else value / 1000.0
+    seconds: float = value.timestamp() if hasattr(value, "timestamp") else value / 1000.0
+    return seconds
 
 
 def read_since(consumer: Consumer, topic: str, since_s: float, kind: str, timeout_s: float) -> list[dict[str, Any]]:
@@ -81,8 +82,11 @@ def read_since(consumer: Consumer, topic: str, since_s: float, kind: str, timeou
                 if error.code() == KafkaError._PARTITION_EOF:
                     pending.discard(msg.partition())
                 continue
+            value = msg.value()
+            if value is None:  # a tombstone: nothing to decode
+                continue
             try:
-                records.append(serde.decode(msg.value(), kind)[1])
+                records.append(serde.decode(value, kind)[1])
             except Exception:
                 continue
     consumer.unassign()
@@ -124,7 +128,8 @@ def group_lag(admin: AdminClient, consumer: Consumer, group: str, topics: list[s
     return dict(lag)
 
 
-def throughput(telemetry: list[dict[str, Any]], phase_of: dict[str, str], now: float, window_s: float) -> dict:
+def throughput(telemetry: list[dict[str, Any]], phase_of: dict[str, str], now: float,
+               window_s: float) -> dict[tuple[str, str], dict[str, float]]:
     """(pool, phase) -> tokens/s, batches, errors of the telemetry finished in the window."""
     sums: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: {"tokens": 0, "batches": 0, "errors": 0})
     for t in telemetry:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -28,6 +29,9 @@ from phaseroute.cli.common import json_stdout
 from phaseroute.cli.fuzz_cmd import fuzz, tick_bench
 from phaseroute.cli.sim_drift_cmd import drift
 from phaseroute.sim.errors import SimError
+
+if TYPE_CHECKING:
+    from phaseroute.sim.capacity import CapacityOptions
 
 sim_app = typer.Typer(help="Fleet simulator: the phaseroute policy at fleet scale, against baselines and an LP bound.",
                       invoke_without_command=True, add_completion=False)
@@ -43,7 +47,7 @@ def _fail(message: str) -> None:
     raise typer.Exit(1)
 
 
-def _emit(doc: dict, as_json: bool, human: Callable[[dict], None], emit: Callable[[object], None]) -> None:
+def _emit(doc: dict[str, Any], as_json: bool, human: Callable[[dict[str, Any]], None], emit: Callable[[object], None]) -> None:
     """``--json``: ``emit`` (from ``json_stdout``: one document on the real stdout, whatever a
     solver writes meanwhile goes to stderr); else the human form."""
     if as_json:
@@ -52,7 +56,7 @@ def _emit(doc: dict, as_json: bool, human: Callable[[dict], None], emit: Callabl
         human(doc)
 
 
-def _print_summary(doc: dict) -> None:
+def _print_summary(doc: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -99,7 +103,7 @@ def sim(
 
 
 def _capacity_options(slo: float, seeds: int, seed: int | None, workload: str, start: float, max_load: float,
-                      tolerance: float, bound: bool, max_requests: int | None, bound_max_load: float = 8.0):
+                      tolerance: float, bound: bool, max_requests: int | None, bound_max_load: float = 8.0) -> CapacityOptions:
     from phaseroute.sim.capacity import CapacityOptions
     from phaseroute.sim.workload import load_workload_spec
 
@@ -111,7 +115,7 @@ def _capacity_options(slo: float, seeds: int, seed: int | None, workload: str, s
                            bound_max_load=max(bound_max_load, max_load))
 
 
-def _print_capacity(doc: dict) -> None:
+def _print_capacity(doc: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -342,7 +346,7 @@ def plan(
         _emit(doc, as_json, _print_plan, emit)
 
 
-def _print_plan(doc: dict) -> None:
+def _print_plan(doc: dict[str, Any]) -> None:
     choice = doc["choice"]
     if choice is None:
         typer.echo("no candidate fleet could serve the workload")

@@ -41,7 +41,9 @@ class DemoJob:
 
 
 def demo_jobs(run: str, scale: float = 1.0) -> list[DemoJob]:
-    n = lambda k: max(2, int(k * scale))
+    def n(k: int) -> int:
+        return max(2, int(k * scale))
+
     return [
         DemoJob(f"{run}-flood", "flood-co", 1, n(40), "20m"),
         DemoJob(f"{run}-acme-1", "acme", 3, n(8), "10m", resubmit=True),
