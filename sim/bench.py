@@ -10,7 +10,9 @@ output says how much of the wall time each policy call takes and which one domin
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from phaseroute.sim.engine import SimConfig, Simulator
 from phaseroute.sim.runner import make_driver, prepare
@@ -31,16 +33,16 @@ TIMED_METHODS = (("FairScheduler", "schedule"), ("FairScheduler", "enqueue"), ("
 
 
 @contextmanager
-def timed_policy():
+def timed_policy() -> Iterator[dict[str, list[float]]]:
     """Wrap the policy's entry points with timers; yields {name: [calls, seconds]}."""
-    stats: dict[str, list] = {}
-    undo = []
+    stats: dict[str, list[float]] = {}
+    undo: list[tuple[object, str, Any]] = []
 
-    def wrap(owner, attr, label):
+    def wrap(owner: object, attr: str, label: str) -> None:
         fn = getattr(owner, attr)
         acc = stats.setdefault(label, [0, 0.0])
 
-        def timed(*args, **kwargs):
+        def timed(*args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
@@ -70,8 +72,8 @@ def timed_policy():
             setattr(owner, attr, fn)
 
 
-def run_bench(workload="bench-1m", fleet="bench-1000", policies=("jsq", "phaseroute"), max_requests=None,
-              seed=0, log=print) -> dict:
+def run_bench(workload: str = "bench-1m", fleet: str = "bench-1000", policies: Sequence[str] = ("jsq", "phaseroute"),
+              max_requests: int | None = None, seed: int = 0, log: Callable[[str], None] = print) -> dict[str, Any]:
     t0 = time.perf_counter()
     w, f, info = prepare(workload, fleet, None, seed, max_requests)
     build_s = time.perf_counter() - t0
@@ -87,8 +89,9 @@ def run_bench(workload="bench-1m", fleet="bench-1000", policies=("jsq", "phasero
             sim = Simulator(w, f, driver, SimConfig(seed=seed)).run()
             wall = time.perf_counter() - t1
         done = sum(1 for s in sim.job_state if s == "done")
-        calls = {k: {"calls": v[0], "seconds": round(v[1], 2), "us_per_call": round(1e6 * v[1] / v[0], 1) if v[0] else None}
-                 for k, v in sorted(stats.items(), key=lambda kv: -kv[1][1]) if v[0]}
+        calls: dict[str, dict[str, Any]] = {
+            k: {"calls": v[0], "seconds": round(v[1], 2), "us_per_call": round(1e6 * v[1] / v[0], 1) if v[0] else None}
+            for k, v in sorted(stats.items(), key=lambda kv: -kv[1][1]) if v[0]}
         row = {"wall_s": round(wall, 1), "events": sim.counters["events"],
                "events_per_s": round(sim.counters["events"] / wall), "requests_per_s": round(w.n_requests / wall),
                "jobs_done": done, "simulated_s": round(sim.now, 1), "policy_calls": calls}

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
@@ -97,7 +98,7 @@ def default_intervals(w: Workload, per_window: int = 3, lo: int = 48, hi: int = 
     return int(min(max(lo, math.ceil(per_window * float(w.job_deadline.max()) / max(shortest, 1e-9))), hi))
 
 
-def deadline_bound(w: Workload, fleet: Fleet, n_intervals: int | None = None, method: str = "colgen") -> dict:
+def deadline_bound(w: Workload, fleet: Fleet, n_intervals: int | None = None, method: str = "colgen") -> dict[str, Any]:
     """The bound on deadline-met goodput of this workload on this fleet (events included).
 
     ``colgen`` (default) reports the dual bound of column generation, an upper bound even when
@@ -126,7 +127,7 @@ def deadline_bound(w: Workload, fleet: Fleet, n_intervals: int | None = None, me
     }
 
 
-def miss_rate_bound(w: Workload, fleet: Fleet, n_intervals: int | None = None) -> dict:
+def miss_rate_bound(w: Workload, fleet: Fleet, n_intervals: int | None = None) -> dict[str, Any]:
     """A lower bound on the job deadline-miss rate of ANY policy: 1 - (the LP's largest sum of
     served job fractions) / jobs. A policy meeting k jobs is a feasible LP point whose
     fractions add up to k, so no policy misses fewer than this (jobs no pool can serve count

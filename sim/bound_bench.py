@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from phaseroute.sim.bound import deadline_bound
 from phaseroute.sim.fleet import FleetEvent, with_events
@@ -19,7 +20,7 @@ from phaseroute.sim.scenarios import default_pool
 
 
 def run_bound_bench(workload: str, fleet: str, jobs: int = 2000, exact: bool = False, slowdown: bool = True,
-                    seed: int | None = None, log: Callable[[str], None] = lambda _m: None) -> dict:
+                    seed: int | None = None, log: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs!r}")
     t0 = time.perf_counter()
@@ -30,7 +31,7 @@ def run_bound_bench(workload: str, fleet: str, jobs: int = 2000, exact: bool = F
             break
         load = round(load * jobs / max(w.n_jobs, 1), 3)
         w, f, info = prepare(workload, f, load, seed)
-    doc: dict = {"workload": w.name, "fleet": f.name, "pools": len(f.pools), "jobs": w.n_jobs,
+    doc: dict[str, Any] = {"workload": w.name, "fleet": f.name, "pools": len(f.pools), "jobs": w.n_jobs,
                  "requests": w.n_requests, "offered_load": info["offered_load"],
                  "prepare_s": round(time.perf_counter() - t0, 2), "runs": []}
     fleets = [("as specified", f)]

@@ -52,7 +52,7 @@ class _Master:
     def __init__(self, A: csc_matrix, b: np.ndarray, c: np.ndarray, time_limit_s: float):
         self.A, self.c = A, c
         self.cols = np.zeros(0, dtype=np.int64)
-        self.h = highspy.Highs()
+        self.h = highspy.Highs()  # type: ignore[no-untyped-call]  # highspy: Highs.__init__ is unannotated
         self.h.setOptionValue("output_flag", False)
         self.h.setOptionValue("time_limit", float(time_limit_s))
         self.h.setOptionValue("solver", "ipm")
@@ -88,7 +88,8 @@ def _initial_columns(m: LPModel, live: np.ndarray) -> np.ndarray:
     start = np.flatnonzero(np.r_[True, (np.diff(key, axis=1) != 0).any(axis=0)])
     stop = np.r_[start[1:], len(idx)] - 1
     picks = np.unique(np.concatenate([start, stop, (start + stop) // 2]))
-    return idx[picks]
+    out: np.ndarray = idx[picks]
+    return out
 
 
 def _best_per_job(cols: np.ndarray, jobs: np.ndarray, score: np.ndarray, per_job: int) -> np.ndarray:
@@ -97,7 +98,8 @@ def _best_per_job(cols: np.ndarray, jobs: np.ndarray, score: np.ndarray, per_job
     cols, jobs = cols[order], jobs[order]
     first = np.r_[0, np.flatnonzero(np.diff(jobs)) + 1]
     rank = np.arange(len(jobs)) - np.repeat(first, np.diff(np.r_[first, len(jobs)]))
-    return cols[rank < per_job]
+    best: np.ndarray = cols[rank < per_job]
+    return best
 
 
 def _scaled(m: LPModel, objective: str) -> tuple[csc_matrix, np.ndarray, np.ndarray, float]:

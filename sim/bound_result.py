@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,7 @@ class LPResult:
     rounds: int = 1                        # solver calls
 
 
-def summarize(m: LPModel, x: np.ndarray, sizes: np.ndarray, status: str, started: float, **extra) -> LPResult:
+def summarize(m: LPModel, x: np.ndarray, sizes: np.ndarray, status: str, started: float, **extra: Any) -> LPResult:
     """The figures of a primal solution ``x`` over the model's columns."""
     pools, jw = m.pools, m.jw
     vj, va, vb = m.vj, m.va, m.vb

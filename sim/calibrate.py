@@ -18,17 +18,22 @@ per phase) convert to points with ``points_from_rows``.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy.optimize import least_squares
 
 from phaseroute.schemas.enums import Phase
-from phaseroute.sim.catalogue import Catalogue, load_catalogue
+from phaseroute.sim.catalogue import Accelerator, Catalogue, ModelArch, load_catalogue
 from phaseroute.sim.errors import SpecError
 from phaseroute.sim.perfmodel import Efficiency, instance_perf
 from phaseroute.sim.specio import Fields, load_spec
+
+if TYPE_CHECKING:
+    from phaseroute.streams.policy import ProfileRow
 
 
 @dataclass(frozen=True)
@@ -39,7 +44,7 @@ class Point:
     tokens_per_s: float
 
 
-def load_points(ref: str | Path | dict) -> tuple[str, str, int, list[Point]]:
+def load_points(ref: str | Path | dict[str, Any]) -> tuple[str, str, int, list[Point]]:
     data, path = load_spec(ref, "calibration")
     where = str(path or "<calibration>")
     top = Fields(data, where)
@@ -57,7 +62,7 @@ def load_points(ref: str | Path | dict) -> tuple[str, str, int, list[Point]]:
     return top.str("accelerator"), top.str("model"), top.int("tp", 1, lo=1), points
 
 
-def points_from_rows(rows, prompt_tokens: int, context_tokens: int) -> list[Point]:
+def points_from_rows(rows: Iterable[ProfileRow], prompt_tokens: int, context_tokens: int) -> list[Point]:
     """Measured ProfileRows (policy package) -> points at the given prompt / context length."""
     out = []
     for row in rows:
@@ -68,7 +73,7 @@ def points_from_rows(rows, prompt_tokens: int, context_tokens: int) -> list[Poin
     return out
 
 
-def predict(points: list[Point], acc, arch, tp: int, eff: Efficiency) -> np.ndarray:
+def predict(points: list[Point], acc: Accelerator, arch: ModelArch, tp: int, eff: Efficiency) -> np.ndarray:
     perf = instance_perf(acc, arch, tp, eff)
     out = []
     for p in points:
@@ -80,7 +85,7 @@ def predict(points: list[Point], acc, arch, tp: int, eff: Efficiency) -> np.ndar
     return np.array(out)
 
 
-def calibrate(accelerator: str, model: str, tp: int, points: list[Point], catalogue: Catalogue | None = None) -> dict:
+def calibrate(accelerator: str, model: str, tp: int, points: list[Point], catalogue: Catalogue | None = None) -> dict[str, Any]:
     cat = catalogue or load_catalogue()
     acc, arch = cat.accelerator(accelerator), cat.model(model)
     measured = np.array([p.tokens_per_s for p in points])
@@ -90,7 +95,8 @@ def calibrate(accelerator: str, model: str, tp: int, points: list[Point], catalo
                           decode_compute=float(np.exp(x[3])), tp_scaling=1.0)
 
     def residual(x: np.ndarray) -> np.ndarray:
-        return np.log(predict(points, acc, arch, tp, eff_of(x))) - np.log(measured)
+        r: np.ndarray = np.log(predict(points, acc, arch, tp, eff_of(x))) - np.log(measured)
+        return r
 
     best = None
     for c0 in (0.1, 0.5):
@@ -99,7 +105,9 @@ def calibrate(accelerator: str, model: str, tp: int, points: list[Point], catalo
                                 bounds=([math.log(1e-3), math.log(1e-3), 0.0, math.log(1e-3)], [0.0, 0.0, 1.0, 0.0]))
             if best is None or fit.cost < best.cost:
                 best = fit
+    assert best is not None                           # four fits ran
     eff = eff_of(best.x)
+    assert eff.decode_compute is not None             # eff_of fits it
     pred = predict(points, acc, arch, tp, eff)
     return {
         "accelerator": accelerator, "model": model, "tp": tp,

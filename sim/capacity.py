@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from phaseroute.sim.bound import miss_rate_bound
 from phaseroute.sim.drivers import BASELINES
@@ -69,14 +70,14 @@ class CapacityOptions:
 class LoadPoints:
     """The workload (and fleet) at each (seed, load), built once for every policy and the bound."""
 
-    def __init__(self, workload: WorkloadSpec | str | Path | dict, fleet: Fleet | str | Path | dict,
+    def __init__(self, workload: WorkloadSpec | str | Path | dict[str, Any], fleet: Fleet | str | Path | dict[str, Any],
                  max_requests: int | None = None):
         self.spec = workload if isinstance(workload, WorkloadSpec) else load_workload_spec(workload)
         self.fleet = fleet if isinstance(fleet, Fleet) else load_fleet(fleet)
         self.max_requests = max_requests
-        self._cache: dict[tuple[int, float], tuple[Workload, Fleet, dict]] = {}
+        self._cache: dict[tuple[int, float], tuple[Workload, Fleet, dict[str, Any]]] = {}
 
-    def get(self, seed: int, load: float) -> tuple[Workload, Fleet, dict]:
+    def get(self, seed: int, load: float) -> tuple[Workload, Fleet, dict[str, Any]]:
         key = (seed, load)
         if key not in self._cache:
             self._cache[key] = prepare(self.spec, self.fleet, load, seed, self.max_requests)
@@ -89,10 +90,10 @@ class Search:
 
     capacity: float | None
     status: str                  # found | at_max (passes at max_load) | below_min (fails at min_load)
-    points: list[dict] = field(default_factory=list)
+    points: list[dict[str, Any]] = field(default_factory=list)
 
 
-def find_capacity(measure: Callable[[float], dict], slo: float, start: float, step: float,
+def find_capacity(measure: Callable[[float], dict[str, Any]], slo: float, start: float, step: float,
                   opts: CapacityOptions, key: str = "miss_rate") -> Search:
     """Bracket then bisect (geometric midpoints) the highest load whose ``measure(load)[key]``
     is <= ``slo``; ``measure`` returns the point's figures (kept in ``points``). The bracketing
@@ -105,7 +106,8 @@ def find_capacity(measure: Callable[[float], dict], slo: float, start: float, st
     def passes(load: float) -> bool:
         point = {"load": load, **measure(load)}
         search.points.append(point)
-        return point[key] <= slo
+        ok: bool = point[key] <= slo
+        return ok
 
     lo: float | None = None
     hi: float | None = None
@@ -141,24 +143,24 @@ _POINT_FIGURES = ("miss_rate", "goodput_tok_s", "goodput_tokens_per_dollar", "co
                   "kv_bytes_per_delivered_token", "colocated_share", "jobs", "jobs_infeasible", "wall_s")
 
 
-def _policy_point(points: LoadPoints, name: str, seed: int) -> Callable[[float], dict]:
+def _policy_point(points: LoadPoints, name: str, seed: int) -> Callable[[float], dict[str, Any]]:
     """The figures of policy ``name`` at a load, for one seed."""
-    def measure(load: float) -> dict:
+    def measure(load: float) -> dict[str, Any]:
         w, f, _ = points.get(seed, load)
         _, m = run_policy(w, f, name, SimConfig(seed=seed))
         return {k: m.get(k) for k in _POINT_FIGURES}
     return measure
 
 
-def _bound_point(points: LoadPoints, seed: int) -> Callable[[float], dict]:
-    def measure(load: float) -> dict:
+def _bound_point(points: LoadPoints, seed: int) -> Callable[[float], dict[str, Any]]:
+    def measure(load: float) -> dict[str, Any]:
         w, f, _ = points.get(seed, load)
         b = miss_rate_bound(w, f)
         return {"miss_rate": round(b["miss_rate_lower_bound"], 6), "status": b["status"], "solve_s": b["solve_s"]}
     return measure
 
 
-def spread(values: list[float]) -> dict:
+def spread(values: list[float]) -> dict[str, Any]:
     """Mean and range of the per-seed figures."""
     return {"mean": round(statistics.fmean(values), 4), "min": round(min(values), 4), "max": round(max(values), 4),
             "per_seed": [round(v, 4) for v in values]}
@@ -169,7 +171,7 @@ def _at_capacity(search: Search, key: str) -> float | None:
     return float(hits[-1]) if hits else None
 
 
-def _searches(measure_of: Callable[[int], Callable[[float], dict]], opts: CapacityOptions, label: str,
+def _searches(measure_of: Callable[[int], Callable[[float], dict[str, Any]]], opts: CapacityOptions, label: str,
               log: Log) -> list[Search]:
     out: list[Search] = []
     for k, seed in enumerate(opts.seeds):
@@ -183,9 +185,9 @@ def _searches(measure_of: Callable[[int], Callable[[float], dict]], opts: Capaci
     return out
 
 
-def _summary(searches: list[Search], opts: CapacityOptions, with_money: bool) -> dict:
+def _summary(searches: list[Search], opts: CapacityOptions, with_money: bool) -> dict[str, Any]:
     caps = [s.capacity if s.capacity is not None else 0.0 for s in searches]
-    doc: dict = {"capacity": spread(caps), "status": [s.status for s in searches],
+    doc: dict[str, Any] = {"capacity": spread(caps), "status": [s.status for s in searches],
                  "points": {str(seed): s.points for seed, s in zip(opts.seeds, searches, strict=True)},
                  "points_simulated": sum(len(s.points) for s in searches)}
     if with_money:
@@ -196,7 +198,7 @@ def _summary(searches: list[Search], opts: CapacityOptions, with_money: bool) ->
     return doc
 
 
-def _ratio(num: list[float], den: list[float]) -> dict | None:
+def _ratio(num: list[float], den: list[float]) -> dict[str, Any] | None:
     pairs = [(a, b) for a, b in zip(num, den, strict=True) if b > 0]
     if not pairs:
         return None
@@ -206,12 +208,12 @@ def _ratio(num: list[float], den: list[float]) -> dict | None:
             "mean_of_seeds": round(statistics.fmean(per_seed), 4)}
 
 
-def capacity_study(workload: WorkloadSpec | str | Path | dict, fleet: Fleet | str | Path | dict,
-                   policies: list[str], opts: CapacityOptions = CapacityOptions(), log: Log = lambda _m: None) -> dict:
+def capacity_study(workload: WorkloadSpec | str | Path | dict[str, Any], fleet: Fleet | str | Path | dict[str, Any],
+                   policies: list[str], opts: CapacityOptions = CapacityOptions(), log: Log = lambda _m: None) -> dict[str, Any]:
     """Capacity at SLO of each policy (and the bound), over the seeds, as one JSON-ready document."""
     t0 = time.perf_counter()
     points = LoadPoints(workload, fleet, opts.max_requests)
-    doc: dict = {"workload": points.spec.name, "fleet": points.fleet.name, "slo": opts.slo,
+    doc: dict[str, Any] = {"workload": points.spec.name, "fleet": points.fleet.name, "slo": opts.slo,
                  "options": {k: v for k, v in asdict(opts).items() if k != "bound"},
                  "drivers": {n: type(make_driver(n)).__module__ for n in policies}, "policies": {}}
     for name in policies:
@@ -226,9 +228,9 @@ def capacity_study(workload: WorkloadSpec | str | Path | dict, fleet: Fleet | st
     return doc
 
 
-def _ratios(doc: dict, opts: CapacityOptions) -> dict:
+def _ratios(doc: dict[str, Any], opts: CapacityOptions) -> dict[str, Any]:
     pol = doc["policies"]
-    out: dict = {}
+    out: dict[str, Any] = {}
     if "phaseroute" not in pol:
         return out
     mine = pol["phaseroute"]["capacity"]["per_seed"]

@@ -8,6 +8,7 @@ legend entry carries its capacity at SLO (mean and range over the seeds).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -15,15 +16,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 
-def _label(name: str, summary: dict) -> str:
+def _label(name: str, summary: dict[str, Any]) -> str:
     c = summary["capacity"]
     return f"{name}: {c['mean']:.2f} [{c['min']:.2f}-{c['max']:.2f}]"
 
 
-def plot_capacity(doc: dict, path: str | Path) -> Path:
+def plot_capacity(doc: dict[str, Any], path: str | Path) -> Path:
     path = Path(path)
     fig, ax = plt.subplots(figsize=(7.2, 4.6))
-    series: list[tuple[str, dict, dict[str, str]]] = [(name, s, {}) for name, s in doc["policies"].items()]
+    series: list[tuple[str, dict[str, Any], dict[str, str]]] = [(name, s, {}) for name, s in doc["policies"].items()]
     if "bound" in doc:
         series.append(("bound (lower bound on misses)", doc["bound"], {"color": "k", "ls": "--"}))
     for i, (name, summary, style) in enumerate(series):

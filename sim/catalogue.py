@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from phaseroute.sim.errors import SpecError
 from phaseroute.sim.specio import DATA_DIR, Fields, load_spec
@@ -116,7 +117,7 @@ def _model(name: str, f: Fields) -> ModelArch:
     )
 
 
-def parse_catalogue(data: dict, where: str) -> Catalogue:
+def parse_catalogue(data: dict[str, Any], where: str) -> Catalogue:
     top = Fields(data, where)
     top.unknown({"accelerators", "models"})
     accs = top.sub("accelerators", {})
@@ -127,7 +128,7 @@ def parse_catalogue(data: dict, where: str) -> Catalogue:
     )
 
 
-def load_catalogue(extra: str | Path | dict | None = None) -> Catalogue:
+def load_catalogue(extra: str | Path | dict[str, Any] | None = None) -> Catalogue:
     """The bundled catalogue, plus (overriding) the entries of ``extra`` if given."""
     base = parse_catalogue(load_spec(DATA_DIR / "accelerators.yaml", "catalogue")[0], "accelerators.yaml")
     base = base.merged(parse_catalogue(load_spec(DATA_DIR / "models.yaml", "catalogue")[0], "models.yaml"))

@@ -19,12 +19,14 @@ from phaseroute.sim.instance import Instance
 
 if TYPE_CHECKING:
     from phaseroute.sim.engine import PoolRun
+    from phaseroute.sim.fleet import FleetEvent
+    from phaseroute.sim.host import SimHost
 
 
 class Disruptions:
     """Mixin of ``Simulator``: failure, repair and fleet-event handlers."""
 
-    def _kill(self, inst: Instance, cause: str) -> None:
+    def _kill(self: SimHost, inst: Instance, cause: str) -> None:
         pool = self.pools[inst.pool]
         inst.advance(self.now, self.tel)
         lost = inst.requests()
@@ -35,12 +37,12 @@ class Disruptions:
         for rid in lost:
             self._lost(rid, pool.idx, cause)
 
-    def _next_failure(self, pool: PoolRun, now: float) -> None:
+    def _next_failure(self: SimHost, pool: PoolRun, now: float) -> None:
         rate = pool.alive_instances * pool.spec.perf.tp / (pool.spec.mtbf_hours * 3600.0)
         if rate > 0:
             self.push(now + self.rng.expovariate(rate), FAIL, pool)
 
-    def _on_fail(self, pool: PoolRun, _b) -> None:
+    def _on_fail(self: SimHost, pool: PoolRun, _b: object) -> None:
         alive = [i for i in pool.instances if i.alive]
         if not pool.alive or not alive:
             return
@@ -51,14 +53,14 @@ class Disruptions:
         self.push(self.now + pool.spec.repair_s, REPAIR, inst)
         self._next_failure(pool, self.now)
 
-    def _on_repair(self, inst: Instance, _b) -> None:
+    def _on_repair(self: SimHost, inst: Instance, _b: object) -> None:
         pool = self.pools[inst.pool]
         if not pool.alive or inst.alive:
             return
         self._revive(pool, inst)
         self._dispatch(pool)
 
-    def _revive(self, pool: PoolRun, inst: Instance) -> None:
+    def _revive(self: SimHost, pool: PoolRun, inst: Instance) -> None:
         inst.alive = True
         pool.n_alive += 1
         inst.slowdown = pool.slowdown
@@ -66,7 +68,7 @@ class Disruptions:
         inst.hungry = True
         pool.hungry.append(inst)
 
-    def _on_fleet(self, event, _b) -> None:
+    def _on_fleet(self: SimHost, event: FleetEvent, _b: object) -> None:
         for name in self.fleet.parents[event.pool]:
             pool = next(p for p in self.pools if p.spec.name == name)
             if event.kind == "slowdown":
@@ -90,7 +92,7 @@ class Disruptions:
                         self._schedule(inst)
                 self._dispatch(pool)
 
-    def _lose_pool(self, pool: PoolRun) -> None:
+    def _lose_pool(self: SimHost, pool: PoolRun) -> None:
         pool.alive = False
         self.pool_end_t[pool.idx] = self.now
         for inst in pool.instances:

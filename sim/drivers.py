@@ -20,11 +20,15 @@ cannot run it within those limits (a sensible system would not either):
 from __future__ import annotations
 
 from collections import deque
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from phaseroute.schemas.enums import Phase
 from phaseroute.sim.limits import PoolLimits, feasible_requests, why_infeasible
+
+if TYPE_CHECKING:
+    from phaseroute.sim.engine import Simulator
 
 MAX_ATTEMPTS = 5
 
@@ -34,7 +38,7 @@ class Driver:
 
     name = "base"
 
-    def attach(self, sim) -> None:
+    def attach(self, sim: Simulator) -> None:
         self.sim = sim
         self.queue: deque[list[int]] = deque()   # [next request, end] per admitted job, FIFO
         self.n_backlog = 0
@@ -135,7 +139,7 @@ class Driver:
 class RoundRobin(Driver):
     name = "rr"
 
-    def attach(self, sim) -> None:
+    def attach(self, sim: Simulator) -> None:
         super().attach(sim)
         self.credit = [0.0] * len(sim.pools)
 
@@ -168,7 +172,7 @@ class StaticSplit(Driver):
 
     name = "split"
 
-    def attach(self, sim) -> None:
+    def attach(self, sim: Simulator) -> None:
         super().attach(sim)
         self.prefill_side: dict[str, set[int]] = {}
         for model in set(self.pool_models):

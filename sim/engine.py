@@ -26,6 +26,7 @@ import math
 import random
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from phaseroute.schemas.enums import Phase
 from phaseroute.sim.collector import paced_for_long_runs
@@ -111,7 +112,7 @@ class PoolRun:
 
 
 class Simulator(Disruptions, Sampling, Speculation):
-    def __init__(self, workload: Workload, fleet: Fleet, driver, config: SimConfig = SimConfig()):
+    def __init__(self, workload: Workload, fleet: Fleet, driver: Any, config: SimConfig = SimConfig()):
         self.w, self.fleet, self.driver, self.cfg = workload, fleet, driver, config
         n = workload.n_requests
         self.prompt: list[int] = workload.req_prompt.tolist()
@@ -137,7 +138,7 @@ class Simulator(Disruptions, Sampling, Speculation):
         self.unplaced_since: dict[int, float] = {}  # request -> when the first of those refusals came
         self.tel = Telemetry(len(self.pools))
         self.rng = random.Random(config.seed)
-        self.heap: list = []
+        self.heap: list[tuple[float, int, int, Any, Any]] = []   # (time, seq, kind, a, b)
         self.seq = 0
         self.now = 0.0
         self.inflight = 0
@@ -147,7 +148,7 @@ class Simulator(Disruptions, Sampling, Speculation):
         self.unresolved_jobs = workload.n_jobs
         self.counters = {"retries": 0, "gave_up": 0, "no_placement": 0, "kv_bytes": 0.0, "transfers": 0,
                          "requests_lost": 0, "speculated": 0, "speculation_wins": 0, "events": 0}
-        self.series: list[dict] = []
+        self.series: list[dict[str, Any]] = []
         self.last_deadline = float(workload.job_deadline.max()) if workload.n_jobs else 0.0
         first = float(workload.job_submit.min()) if workload.n_jobs else 0.0
         self.t_end = self.last_deadline + config.end_after_deadline * (self.last_deadline - first)
@@ -166,7 +167,7 @@ class Simulator(Disruptions, Sampling, Speculation):
         driver.attach(self)
 
     # ------------------------------------------------------------------ event plumbing
-    def push(self, t: float, kind: int, a=None, b=None) -> None:
+    def push(self, t: float, kind: int, a: Any = None, b: Any = None) -> None:
         self.seq += 1
         heapq.heappush(self.heap, (t, self.seq, kind, a, b))
 
@@ -198,7 +199,7 @@ class Simulator(Disruptions, Sampling, Speculation):
         return self
 
     # ------------------------------------------------------------------ jobs and release
-    def _on_arrive(self, j: int, _b) -> None:
+    def _on_arrive(self, j: int, _b: object) -> None:
         reason = self.driver.submit(j, self.now)
         if reason is not None:
             self.job_state[j] = "rejected"
@@ -209,7 +210,7 @@ class Simulator(Disruptions, Sampling, Speculation):
         self.tenant_waiting[int(self.w.job_tenant[j])] += int(self.w.job_count[j])
         self._want_release()
 
-    def _on_tick(self, _a, _b) -> None:
+    def _on_tick(self, _a: object, _b: object) -> None:
         self.driver.on_tick(self.now)
 
     def _want_release(self) -> None:
@@ -229,7 +230,7 @@ class Simulator(Disruptions, Sampling, Speculation):
         by_tokens = (self.cfg.inflight_kv_factor * kv_tokens - self.inflight_tokens) / self.mean_tokens
         return int(min(self.capacity_target() - self.inflight, by_tokens))
 
-    def _on_release(self, _a, _b) -> None:
+    def _on_release(self, _a: object, _b: object) -> None:
         self.release_pending = False
         if self.self_released:
             return
@@ -400,11 +401,12 @@ class Simulator(Disruptions, Sampling, Speculation):
         self.links_busy[(link.src, link.dst)] = start + service
         self.push(start + service, XFER, rid, (self.attempt[rid], nbytes, service, start - self.now))
 
-    def _on_xfer(self, rid: int, info) -> None:
+    def _on_xfer(self, rid: int, info: tuple[int, float, float, float]) -> None:
         attempt, nbytes, service, queued = info
         if self.attempt[rid] != attempt:
             return
         inst = self.where[rid]
+        assert inst is not None        # the source instance holds the KV until the transfer ends (same attempt)
         src = self.pools[inst.pool]
         inst.kv_held.discard(rid)
         inst.advance(self.now, self.tel)

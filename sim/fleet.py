@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from phaseroute.schemas.enums import Phase
 from phaseroute.sim.catalogue import Accelerator, Catalogue, load_catalogue
@@ -125,7 +126,7 @@ class Fleet:
     def models(self) -> set[str]:
         return {p.model for p in self.pools}
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {
             "name": self.name, "accelerators": self.accelerators, "cost_per_hour": round(self.cost_per_hour, 2),
             "transfer_usd_per_gb": self.transfer_usd_per_gb,
@@ -234,7 +235,7 @@ def _events(top: Fields, parents: set[str]) -> tuple[FleetEvent, ...]:
     return tuple(sorted(out, key=lambda e: e.at_s))
 
 
-def parse_fleet(data: dict, where: str = "<fleet>", catalogue: Catalogue | None = None) -> Fleet:
+def parse_fleet(data: dict[str, Any], where: str = "<fleet>", catalogue: Catalogue | None = None) -> Fleet:
     cat = catalogue or load_catalogue()
     top = Fields(data, where)
     top.unknown({"name", "efficiency", "engine", "failures", "pools", "links", "events", "variant", "description",
@@ -262,7 +263,7 @@ def parse_fleet(data: dict, where: str = "<fleet>", catalogue: Catalogue | None 
     )
 
 
-def load_fleet(ref: str | Path | dict, catalogue: Catalogue | None = None) -> Fleet:
+def load_fleet(ref: str | Path | dict[str, Any], catalogue: Catalogue | None = None) -> Fleet:
     data, path = load_spec(ref, "fleet")
     return parse_fleet(data, str(path) if path else "<fleet>", catalogue)
 

@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from typing import TYPE_CHECKING
 
 from phaseroute.sim.perfmodel import InstancePerf
+
+if TYPE_CHECKING:
+    from phaseroute.sim.telemetry import Telemetry
 
 EPS = 1e-7
 
@@ -58,7 +62,7 @@ class Instance:
         self.hungry = False
         self.kv_held: set[int] = set()
 
-    def advance(self, now: float, tel) -> None:
+    def advance(self, now: float, tel: Telemetry) -> None:
         """Account the steps run since ``last_t`` (batch unchanged in between)."""
         dt = now - self.last_t
         if dt > 0.0 and self.tau > 0.0:

@@ -22,11 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from phaseroute.schemas.enums import Phase
 from phaseroute.sim.fleet import Fleet, SimPool
+
+if TYPE_CHECKING:
+    from phaseroute.sim.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,7 @@ def feasible_requests(pools: Sequence[PoolLimits], prompt: np.ndarray, output: n
     return np.asarray(pre & dec, dtype=bool)
 
 
-def infeasible_jobs(fleet: Fleet, w) -> np.ndarray:
+def infeasible_jobs(fleet: Fleet, w: Workload) -> np.ndarray:
     """bool[job]: the job has a request no pool of the fleet (as specified, before any event)
     can serve, so no policy can meet it."""
     models = [w.tenants[t].model for t in w.job_tenant[w.req_job]] if w.n_requests else []

@@ -22,17 +22,21 @@ Definitions (the same for every policy and for the bound):
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from phaseroute.sim.limits import infeasible_jobs
+
+if TYPE_CHECKING:
+    from phaseroute.sim.engine import Simulator
 
 
 def _r(x: float, nd: int = 4) -> float:
     return round(float(x), nd) if math.isfinite(x) else float(x)
 
 
-def compute_metrics(sim) -> dict:
+def compute_metrics(sim: Simulator) -> dict[str, Any]:
     w = sim.w
     done_t = np.array(sim.job_done_t, dtype=np.float64)
     states = np.array(sim.job_state)
@@ -96,21 +100,21 @@ def compute_metrics(sim) -> dict:
     }
 
 
-def _colocated_share(sim) -> float | None:
+def _colocated_share(sim: Simulator) -> float | None:
     """Share of the completed requests whose last attempt ran both phases on one pool."""
     done = [c for c, t in zip(sim.colo[: sim.w.n_requests], sim.t_done[: sim.w.n_requests], strict=True)
             if not math.isnan(t)]
     return _r(sum(done) / len(done)) if done else None
 
 
-def _lateness(done_t, deadline, met, states) -> float | None:
+def _lateness(done_t: np.ndarray, deadline: np.ndarray, met: np.ndarray, states: np.ndarray) -> float | None:
     late = (states == "done") & ~met
     if not late.any():
         return 0.0
     return _r(float(np.percentile(done_t[late] - deadline[late], 90)), 1)
 
 
-def tenant_shares(sim, met) -> dict:
+def tenant_shares(sim: Simulator, met: np.ndarray) -> dict[str, Any]:
     """Per tenant: share of the tokens released while it and at least one other tenant stayed
     backlogged (requests waiting at both ends of a sample), next to its weight share over the
     same samples (weights renormalized over the tenants backlogged in each sample)."""
@@ -142,7 +146,7 @@ def tenant_shares(sim, met) -> dict:
     return out
 
 
-def compact_series(sim, max_points: int = 200) -> list[dict]:
+def compact_series(sim: Simulator, max_points: int = 200) -> list[dict[str, Any]]:
     """The time series, thinned to at most ``max_points`` rows."""
     rows = sim.series
     step = max(1, math.ceil(len(rows) / max_points))

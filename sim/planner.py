@@ -23,8 +23,11 @@ import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from phaseroute.sim.bound import LPPool, job_work, solve
+from phaseroute.sim.bound import solve
+from phaseroute.sim.bound_model import LPPool, job_work
+from phaseroute.sim.bound_result import LPResult
 from phaseroute.sim.catalogue import Catalogue, load_catalogue, parse_catalogue
 from phaseroute.sim.engine import SimConfig
 from phaseroute.sim.errors import SpecError
@@ -47,7 +50,7 @@ class PlanOptions:
     seed: int = 0
 
 
-def load_candidates(ref: str | Path | dict | None) -> tuple[Catalogue, list[str]]:
+def load_candidates(ref: str | Path | dict[str, Any] | None) -> tuple[Catalogue, list[str]]:
     """The catalogue and candidate types: ``candidates: [names]`` plus optional ``accelerators``
     entries, or a plain accelerators file (all of its entries are candidates)."""
     base = load_catalogue()
@@ -81,7 +84,7 @@ def _pools(types: tuple[str, ...], models: list[str], cat: Catalogue) -> list[LP
     return pools
 
 
-def _fleet_spec(sizes: dict[str, int], pools: list[LPPool]) -> dict:
+def _fleet_spec(sizes: dict[str, int], pools: list[LPPool]) -> dict[str, Any]:
     out = []
     for p in pools:
         n = sizes.get(p.name, 0)
@@ -91,7 +94,7 @@ def _fleet_spec(sizes: dict[str, int], pools: list[LPPool]) -> dict:
     return {"name": "planned", "failures": False, "pools": out}
 
 
-def plan(w: Workload, catalogue: str | Path | dict | None = None, options: PlanOptions = PlanOptions()) -> dict:
+def plan(w: Workload, catalogue: str | Path | dict[str, Any] | None = None, options: PlanOptions = PlanOptions()) -> dict[str, Any]:
     cat, names = load_candidates(catalogue)
     models = sorted({t.model for t in w.tenants})
     for m in models:
@@ -128,7 +131,7 @@ def plan(w: Workload, catalogue: str | Path | dict | None = None, options: PlanO
     }
 
 
-def _confirm(w: Workload, pools: list[LPPool], res, options: PlanOptions) -> dict:
+def _confirm(w: Workload, pools: list[LPPool], res: LPResult, options: PlanOptions) -> dict[str, Any]:
     sizes = {p.name: round(res.instances[p.name]) for p in pools if res.instances[p.name] > 0.5}
     rounds = []
     for _ in range(options.max_rounds):

@@ -12,7 +12,9 @@ slowed pool over time) and report.md.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -22,11 +24,13 @@ import matplotlib.pyplot as plt
 from phaseroute.sim.capacity import CapacityOptions, capacity_study
 from phaseroute.sim.capacity_plot import plot_capacity
 from phaseroute.sim.engine import SimConfig
+from phaseroute.sim.fleet import Fleet
 from phaseroute.sim.runner import POLICIES, prepare, run_all
 from phaseroute.sim.scenarios import pool_loss, stale_profile
+from phaseroute.sim.workload import WorkloadSpec
 
 
-def _plot_sweep(sweep: list[dict], key: str, ylabel: str, path: Path, with_bound: bool) -> None:
+def _plot_sweep(sweep: list[dict[str, Any]], key: str, ylabel: str, path: Path, with_bound: bool) -> None:
     with_bound = with_bound and all("bound" in d for d in sweep)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     loads = [d["offered_load"] for d in sweep]
@@ -43,7 +47,7 @@ def _plot_sweep(sweep: list[dict], key: str, ylabel: str, path: Path, with_bound
     plt.close(fig)
 
 
-def _plot_util(doc: dict, path: Path) -> None:
+def _plot_util(doc: dict[str, Any], path: Path) -> None:
     names = list(doc["policies"])
     fig, axes = plt.subplots(len(names), 1, figsize=(7, 1.9 * len(names)), sharex=True, squeeze=False)
     for ax, name in zip(axes[:, 0], names):
@@ -61,7 +65,7 @@ def _plot_util(doc: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _plot_tenants(doc: dict, path: Path) -> None:
+def _plot_tenants(doc: dict[str, Any], path: Path) -> None:
     names = list(doc["policies"])
     tenants = list(next(iter(doc["policies"].values()))["tenants"])
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -81,7 +85,7 @@ def _plot_tenants(doc: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _plot_stale(doc: dict, path: Path) -> None:
+def _plot_stale(doc: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, p in doc["policies"].items():
         pts = [(t, s) for t, s in p["share_series"] if s is not None]
@@ -96,15 +100,16 @@ def _plot_stale(doc: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def build_report(workload, fleet, out_dir: str | Path, loads=(0.3, 0.5, 0.7, 0.9, 1.1), policies=None,
+def build_report(workload: WorkloadSpec | str | Path | dict[str, Any], fleet: Fleet | str | Path | dict[str, Any],
+                 out_dir: str | Path, loads: Sequence[float] = (0.3, 0.5, 0.7, 0.9, 1.1), policies: list[str] | None = None,
                  seed: int | None = None, max_requests: int | None = None, reference_load: float = 0.7,
-                 scenarios: bool = True, log=print, capacity: CapacityOptions | None = None,
-                 bound: bool = True) -> dict:
+                 scenarios: bool = True, log: Callable[[str], None] = print, capacity: CapacityOptions | None = None,
+                 bound: bool = True) -> dict[str, Any]:
     """``capacity``: the options of the headline capacity search (None skips it)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = SimConfig(seed=seed or 0)
-    results: dict = {}
+    results: dict[str, Any] = {}
     if capacity is not None:
         log("capacity at SLO")
         results["capacity"] = capacity_study(workload, fleet, policies or list(POLICIES), capacity, log)
@@ -141,14 +146,14 @@ def build_report(workload, fleet, out_dir: str | Path, loads=(0.3, 0.5, 0.7, 0.9
     return results
 
 
-def _table(rows: list[dict], cols: list[str]) -> str:
+def _table(rows: list[dict[str, Any]], cols: list[str]) -> str:
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in cols) + " |")
     return "\n".join(lines)
 
 
-def _capacity_section(cap: dict) -> list[str]:
+def _capacity_section(cap: dict[str, Any]) -> list[str]:
     rows = []
     for name, p in cap["policies"].items():
         c, money = p["capacity"], p.get("goodput_tokens_per_dollar_at_capacity")
@@ -170,7 +175,7 @@ def _capacity_section(cap: dict) -> list[str]:
     return [*parts, "", f"Drivers: {drivers}.", "", "![capacity](capacity.png)", ""]
 
 
-def markdown(results: dict, ref: dict) -> str:
+def markdown(results: dict[str, Any], ref: dict[str, Any]) -> str:
     parts = [f"# Fleet simulation: {ref['workload']['name']} on {ref['fleet']['name']}", ""]
     if "capacity" in results:
         parts += _capacity_section(results["capacity"])

@@ -10,10 +10,11 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from phaseroute.sim.bound import deadline_bound, max_throughput
 from phaseroute.sim.core_driver import CoreDriver, PhaserouteOptions
-from phaseroute.sim.drivers import BASELINES
+from phaseroute.sim.drivers import BASELINES, Driver
 from phaseroute.sim.engine import SimConfig, Simulator
 from phaseroute.sim.fleet import Fleet, load_fleet
 from phaseroute.sim.metrics import compact_series, compute_metrics
@@ -24,7 +25,7 @@ POLICIES = ("phaseroute", "static-spec", "rr", "jsq", "split")
 EXTRA_POLICIES = ("phaseroute-poolkv",)   # variants run only when named
 
 
-def make_driver(name: str, fleet: Fleet | None = None):
+def make_driver(name: str, fleet: Fleet | None = None) -> Driver | CoreDriver:
     """The driver of policy ``name``; with ``fleet``, the phaseroute routers are configured with
     its price of inter-pool traffic (the baselines never look at prices)."""
     router = RouterConfig(transfer_usd_per_gb=fleet.transfer_usd_per_gb if fleet is not None else 0.0)
@@ -51,8 +52,8 @@ def offered_tokens_per_s(w: Workload) -> float:
     return float((w.req_prompt + w.req_output).sum()) / w.span_s
 
 
-def prepare(spec: WorkloadSpec | str | Path | dict, fleet: Fleet | str | Path | dict, load: float | None = None,
-            seed: int | None = None, max_requests: int | None = None) -> tuple[Workload, Fleet, dict]:
+def prepare(spec: WorkloadSpec | str | Path | dict[str, Any], fleet: Fleet | str | Path | dict[str, Any], load: float | None = None,
+            seed: int | None = None, max_requests: int | None = None) -> tuple[Workload, Fleet, dict[str, Any]]:
     """The workload for this fleet. With a target ``load`` (or the spec's), the trace is
     overlaid ``target / (load of one copy)`` times, a fractional copy keeping a random share of
     its requests (``workload._replicated``), so the offered window stays the trace's at every
@@ -68,7 +69,7 @@ def prepare(spec: WorkloadSpec | str | Path | dict, fleet: Fleet | str | Path | 
     target = load if load is not None else spec.load
     w = build_workload(spec)
     capacity = max_throughput(w, fleet)
-    info: dict = {"capacity_tok_s": round(capacity, 1)}
+    info: dict[str, Any] = {"capacity_tok_s": round(capacity, 1)}
     if target is not None:
         if capacity <= 0:
             raise ValueError(f"fleet {fleet.name!r} can serve none of workload {spec.name!r}: no load can be offered")
@@ -84,7 +85,8 @@ def prepare(spec: WorkloadSpec | str | Path | dict, fleet: Fleet | str | Path | 
     return w, fleet, info
 
 
-def run_policy(w: Workload, fleet: Fleet, name: str, config: SimConfig = SimConfig(), driver=None):
+def run_policy(w: Workload, fleet: Fleet, name: str, config: SimConfig = SimConfig(),
+               driver: Driver | CoreDriver | None = None) -> tuple[Simulator, dict[str, Any]]:
     t0 = time.perf_counter()
     sim = Simulator(w, fleet, driver or make_driver(name, fleet), config).run()
     metrics = compute_metrics(sim)
@@ -93,9 +95,9 @@ def run_policy(w: Workload, fleet: Fleet, name: str, config: SimConfig = SimConf
 
 
 def run_all(w: Workload, fleet: Fleet, policies: list[str] | None = None, config: SimConfig = SimConfig(),
-            bound: bool = True, intervals: int | None = None, series: bool = False, info: dict | None = None) -> dict:
+            bound: bool = True, intervals: int | None = None, series: bool = False, info: dict[str, Any] | None = None) -> dict[str, Any]:
     policies = list(policies or POLICIES)
-    doc: dict = {"workload": w.summary(), "fleet": fleet.describe(), "seed": config.seed, **(info or {})}
+    doc: dict[str, Any] = {"workload": w.summary(), "fleet": fleet.describe(), "seed": config.seed, **(info or {})}
     doc["offered_tok_s"] = round(offered_tokens_per_s(w), 1)
     if bound:
         doc["bound"] = deadline_bound(w, fleet, intervals)
@@ -111,7 +113,7 @@ def run_all(w: Workload, fleet: Fleet, policies: list[str] | None = None, config
     return doc
 
 
-def summary_table(doc: dict) -> list[dict]:
+def summary_table(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """One line per policy: goodput, ratio to bound, miss rate, cost, goodput per dollar."""
     out = []
     if "bound" in doc:

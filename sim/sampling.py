@@ -10,13 +10,18 @@ still waiting.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from phaseroute.sim.events import REFRESH, SAMPLE
+
+if TYPE_CHECKING:
+    from phaseroute.sim.host import SimHost
 
 
 class Sampling:
     """Mixin of ``Simulator``: refresh and sample handlers."""
 
-    def _on_refresh(self, _a, _b) -> None:
+    def _on_refresh(self: SimHost, _a: object, _b: object) -> None:
         for pool in self.pools:
             for inst in pool.instances:
                 if inst.alive and inst.tau:
@@ -26,12 +31,12 @@ class Sampling:
         self._speculate()
         self.push(self.now + self.cfg.refresh_s, REFRESH)
 
-    def _on_sample(self, _a, _b) -> None:
+    def _on_sample(self: SimHost, _a: object, _b: object) -> None:
         dt = self.now - self.last_sample
         if dt <= 0:
             return
-        row = {"t": round(self.now, 3), "tokens_per_s": (self.tokens_done - self.last_sample_tokens) / dt,
-               "inflight": self.inflight, "backlog": self.driver.backlog(), "pools": {}}
+        row: dict[str, Any] = {"t": round(self.now, 3), "tokens_per_s": (self.tokens_done - self.last_sample_tokens) / dt,
+                               "inflight": self.inflight, "backlog": self.driver.backlog(), "pools": {}}
         for pool in self.pools:
             busy = 0.0
             for inst in pool.instances:

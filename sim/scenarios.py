@@ -21,6 +21,8 @@ router sees the price (``RouterConfig.transfer_usd_per_gb``); the baselines do n
 
 from __future__ import annotations
 
+from typing import Any
+
 from phaseroute.sim.bound import deadline_bound
 from phaseroute.sim.engine import SimConfig
 from phaseroute.sim.fleet import Fleet, FleetEvent, with_events, with_transfer_price
@@ -39,12 +41,13 @@ def default_pool(fleet: Fleet) -> str:
     return best.parent
 
 
-def _work(v: dict) -> float:
+def _work(v: dict[str, Any]) -> float:
     """Placed work in the scheduler's cost units: a prompt token 1, an output token 2 (VTC's default)."""
-    return v["routed_prefill_tokens"] + 2.0 * v["routed_decode_tokens"]
+    work: float = v["routed_prefill_tokens"] + 2.0 * v["routed_decode_tokens"]
+    return work
 
 
-def placement_share(series: list[dict], pool_names: tuple[str, ...], window_s: float) -> list[tuple[float, float | None]]:
+def placement_share(series: list[dict[str, Any]], pool_names: tuple[str, ...], window_s: float) -> list[tuple[float, float | None]]:
     """Share of the work placed on the pool (prompt tokens it prefills + 2 x output tokens it
     decodes), over a trailing window."""
     counts = []
@@ -84,13 +87,13 @@ def reaction_time(shares: list[tuple[float, float | None]], at_s: float, target_
     return None, pre, end_share
 
 
-def _vs_bound(goodput: float, bound: dict | None) -> float | None:
+def _vs_bound(goodput: float, bound: dict[str, Any] | None) -> float | None:
     return round(goodput / bound["goodput_tok_s"], 4) if bound and bound["goodput_tok_s"] else None
 
 
 def stale_profile(w: Workload, fleet: Fleet, policies: list[str], pool: str | None = None, at_s: float | None = None,
                   factor: float = 4.0, config: SimConfig = SimConfig(sample_s=10.0), window_s: float = 60.0,
-                  hold_s: float = 120.0, bound: bool = True) -> dict:
+                  hold_s: float = 120.0, bound: bool = True) -> dict[str, Any]:
     pool = pool or default_pool(fleet)
     at_s = at_s if at_s is not None else float(w.job_submit.min() + 0.4 * w.span_s)
     slowed = with_events(fleet, [FleetEvent(at_s, pool, "slowdown", factor)])
@@ -98,7 +101,7 @@ def stale_profile(w: Workload, fleet: Fleet, policies: list[str], pool: str | No
     caps = _capacity_weights(fleet)
     mine = sum(caps[n] for n in names)
     target_after = (mine / factor) / (sum(caps.values()) - mine + mine / factor)
-    doc: dict = {"pool": pool, "at_s": round(at_s, 1), "factor": factor,
+    doc: dict[str, Any] = {"pool": pool, "at_s": round(at_s, 1), "factor": factor,
                  "capacity_share_before": round(mine / sum(caps.values()), 4),
                  "capacity_share_after": round(target_after, 4), "bound": deadline_bound(w, slowed) if bound else None,
                  "policies": {}}
@@ -119,11 +122,11 @@ def stale_profile(w: Workload, fleet: Fleet, policies: list[str], pool: str | No
 
 
 def pool_loss(w: Workload, fleet: Fleet, policies: list[str], pool: str | None = None, at_s: float | None = None,
-              config: SimConfig = SimConfig(sample_s=10.0), bound: bool = True) -> dict:
+              config: SimConfig = SimConfig(sample_s=10.0), bound: bool = True) -> dict[str, Any]:
     pool = pool or default_pool(fleet)
     at_s = at_s if at_s is not None else float(w.job_submit.min() + 0.5 * w.span_s)
     lost = with_events(fleet, [FleetEvent(at_s, pool, "loss")])
-    doc: dict = {"pool": pool, "at_s": round(at_s, 1), "bound_without": deadline_bound(w, fleet) if bound else None,
+    doc: dict[str, Any] = {"pool": pool, "at_s": round(at_s, 1), "bound_without": deadline_bound(w, fleet) if bound else None,
                  "bound_with": deadline_bound(w, lost) if bound else None, "policies": {}}
     for name in policies:
         _, base = run_policy(w, fleet, name, config)
@@ -145,12 +148,12 @@ TRANSFER_FIGURES = ("miss_rate", "goodput_tok_s", "colocated_share", "kv_bytes_m
 
 
 def transfer_price(w: Workload, fleet: Fleet, policies: list[str], usd_per_gb: float,
-                   config: SimConfig | None = None) -> dict:
+                   config: SimConfig | None = None) -> dict[str, Any]:
     """Each policy with KV transfer free and at ``usd_per_gb``."""
     config = config or SimConfig()
     if not usd_per_gb > 0:
         raise ValueError(f"the transfer scenario needs a price > 0 dollars per GB, got {usd_per_gb!r}")
-    doc: dict = {"usd_per_gb": usd_per_gb, "policies": {}}
+    doc: dict[str, Any] = {"usd_per_gb": usd_per_gb, "policies": {}}
     for name in policies:
         runs = {}
         for price in (0.0, usd_per_gb):

@@ -6,6 +6,7 @@ A spec argument may be a path, the name of a bundled example (``azure-code`` fin
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Callable
 from importlib import resources
@@ -39,7 +40,7 @@ def resolve_spec_path(ref: str | Path, kind: str) -> Path:
     )
 
 
-def load_spec(ref: str | Path | dict, kind: str) -> tuple[dict, Path | None]:
+def load_spec(ref: str | Path | dict[str, Any], kind: str) -> tuple[dict[str, Any], Path | None]:
     """Parse a spec: returns (mapping, file it came from or None for an inline dict)."""
     if isinstance(ref, dict):
         return ref, None
@@ -128,6 +129,7 @@ class Fields:
             raise self._fail(key, f"must be >= {lo}, got {value!r}")
         return value
 
+    # ``str`` names this method from here to the end of the class: annotations there spell ``builtins.str``
     def str(self, key: str, default: Any = ..., choices: tuple[str, ...] | None = None) -> str:
         value = self.raw(key, default)
         if not isinstance(value, str):
@@ -136,7 +138,7 @@ class Fields:
             raise self._fail(key, f"must be one of {list(choices)}, got {value!r}")
         return value
 
-    def range(self, key: str, default: Any = ..., lo: float = 0.0) -> tuple[float, float]:
+    def range(self, key: builtins.str, default: Any = ..., lo: float = 0.0) -> tuple[float, float]:
         """A [min, max] pair or a single number (min = max)."""
         value = self.raw(key, default)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -149,11 +151,11 @@ class Fields:
             raise self._fail(key, f"must satisfy {lo} <= min <= max, got {value!r}")
         return a, b
 
-    def sub(self, key: str, default: Any = ...) -> Fields:
+    def sub(self, key: builtins.str, default: Any = ...) -> Fields:
         value = self.raw(key, default)
         return Fields(value if value is not None else {}, f"{self.where}.{key}")
 
-    def unknown(self, allowed: set[str]) -> None:
+    def unknown(self, allowed: set[builtins.str]) -> None:
         extra = sorted(set(self.data) - allowed)
         if extra:
             raise SpecError(f"{self.where}: unknown field(s) {extra}; allowed: {sorted(allowed)}")

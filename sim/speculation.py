@@ -13,19 +13,24 @@ its memory is freed. A copy that is lost while its twin still runs is simply dro
 from __future__ import annotations
 
 import heapq
+from typing import TYPE_CHECKING, Any
 
 from phaseroute.schemas.enums import Phase
 from phaseroute.sim.events import CANCELLED, DECODE, NEW, PREFILL, QUEUED_DECODE, QUEUED_PREFILL, TRANSFER
+
+if TYPE_CHECKING:
+    from phaseroute.sim.host import SimHost
+    from phaseroute.sim.instance import Instance
 
 
 class Speculation:
     """Mixin of ``Simulator``: straggler copies and cancellation."""
 
-    def _speculate(self) -> None:
+    def _speculate(self: SimHost) -> None:
         find = getattr(self.driver, "stragglers", None)
         if find is None:
             return
-        running = []
+        running: list[tuple[int, Phase, int, float, int, int]] = []
         t_phase, twin = self.t_phase, self.twin
         for pool in self.pools:
             for inst in pool.instances:
@@ -40,24 +45,26 @@ class Speculation:
         for rid, avoid in find(running, self.now):
             self._clone(rid, avoid)
 
-    def _clone(self, rid: int, avoid: frozenset[str]) -> None:
+    def _clone(self: SimHost, rid: int, avoid: frozenset[str]) -> None:
         new = self.twin_of(rid)
         self.driver.on_speculate(rid, new, avoid, self.now)
         self._route(new)
 
-    def twin_of(self, rid: int) -> int:
+    def twin_of(self: SimHost, rid: int) -> int:
         """A new request row with the same prompt, output and job as ``rid``, linked as its twin."""
         new = len(self.prompt)
-        for column, value in ((self.prompt, self.prompt[rid]), (self.output, self.output[rid]), (self.job, self.job[rid]),
-                              (self.ctx, self.ctx[rid]), (self.status, NEW), (self.attempt, 0), (self.pre_pool, -1),
-                              (self.dec_pool, -1), (self.colo, False), (self.where, None), (self.t_done, float("nan")),
-                              (self.req_tenant, self.req_tenant[rid]), (self.t_phase, self.now)):
+        columns: tuple[tuple[list[Any], object], ...] = (  # each request column, with the copy's value
+            (self.prompt, self.prompt[rid]), (self.output, self.output[rid]), (self.job, self.job[rid]),
+            (self.ctx, self.ctx[rid]), (self.status, NEW), (self.attempt, 0), (self.pre_pool, -1),
+            (self.dec_pool, -1), (self.colo, False), (self.where, None), (self.t_done, float("nan")),
+            (self.req_tenant, self.req_tenant[rid]), (self.t_phase, self.now))
+        for column, value in columns:
             column.append(value)
         self.twin[new], self.twin[rid] = rid, new
         self.counters["speculated"] += 1
         return new
 
-    def _cancel(self, rid: int) -> None:
+    def _cancel(self: SimHost, rid: int) -> None:
         """Withdraw a request's attempt wherever it is; its twin carries the request on."""
         status, where = self.status[rid], self.where[rid]
         if status == QUEUED_PREFILL:
@@ -75,7 +82,7 @@ class Speculation:
         self.where[rid] = None
         self.driver.on_cancel(rid, self.now)
 
-    def _withdraw(self, inst, rid: int, status: int) -> None:
+    def _withdraw(self: SimHost, inst: Instance, rid: int, status: int) -> None:
         pool = self.pools[inst.pool]
         inst.advance(self.now, self.tel)
         kvpt, prompt, output = pool.kvpt, self.prompt[rid], self.output[rid]
@@ -108,7 +115,7 @@ class Speculation:
         self._fill(pool, inst)
         self._schedule(inst)
 
-    def _twin_finished(self, rid: int) -> int:
+    def _twin_finished(self: SimHost, rid: int) -> int:
         """``rid`` finished decode: cancel its twin; return the request's original row."""
         other = self.twin.pop(rid)
         del self.twin[other]

@@ -13,10 +13,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 PREFILL, DECODE = 0, 1
 N_BUCKETS = 20          # 2^0 .. 2^19
 LAT_BASE = math.log(1.05)
+
+# per (pool, phase, bucket): [steps, tokens, seconds, batch sum, {latency bin: steps}]
+PhaseSums = dict[tuple[int, int, int], list[Any]]
+# per (src, dst) link: [transfers, bytes, service seconds, queue seconds]
+LinkSums = dict[tuple[str, str], list[float]]
 
 
 @dataclass(frozen=True)
@@ -60,14 +66,14 @@ class Telemetry:
     def __init__(self, n_pools: int, keep_windows: int = 30):
         self.n_pools = n_pools
         self.keep = keep_windows
-        self.windows: list[tuple[float, dict, dict]] = []   # (end time, phase sums, link sums)
+        self.windows: list[tuple[float, PhaseSums, LinkSums]] = []   # (end time, phase sums, link sums)
         self._new_window()
         # fleet-lifetime totals for metrics
         self.total_tokens = [[0.0, 0.0] for _ in range(n_pools)]
 
     def _new_window(self) -> None:
-        self.cur: dict[tuple[int, int, int], list] = {}
-        self.cur_links: dict[tuple[str, str], list] = {}
+        self.cur: PhaseSums = {}
+        self.cur_links: LinkSums = {}
 
     def record(self, pool: int, b: int, c: float, steps: float, tau: float, l_pre: int) -> None:
         lat_bin = int(math.log(tau) / LAT_BASE) if tau > 0 else 0
@@ -81,7 +87,8 @@ class Telemetry:
             self._add((pool, PREFILL, int(prompts).bit_length()), steps, c * steps, tau * steps, prompts * steps, lat_bin)
             self.total_tokens[pool][PREFILL] += c * steps
 
-    def _add(self, key, steps, tokens, seconds, batch_sum, lat_bin) -> None:
+    def _add(self, key: tuple[int, int, int], steps: float, tokens: float, seconds: float, batch_sum: float,
+             lat_bin: int) -> None:
         acc = self.cur.get(key)
         if acc is None:
             acc = self.cur[key] = [0.0, 0.0, 0.0, 0.0, {}]
@@ -109,8 +116,8 @@ class Telemetry:
 
     def aggregates(self, now: float, half_life_s: float) -> tuple[list[PhaseAggregate], list[LinkAggregate]]:
         lam = math.log(2) / half_life_s
-        phase: dict[tuple[int, int, int], list] = {}
-        links: dict[tuple[str, str], list] = {}
+        phase: dict[tuple[int, int, int], list[Any]] = {}   # decayed sums + [raw steps, {bin: steps}, last_t]
+        links: dict[tuple[str, str], list[float]] = {}
         for end, sums, lsums in self.windows:
             w = math.exp(-lam * max(now - end, 0.0))
             for key, (steps, tokens, secs, bsum, hist) in sums.items():
@@ -123,8 +130,8 @@ class Telemetry:
                 for k, n in hist.items():
                     a[5][k] = a[5].get(k, 0.0) + w * n
                 a[6] = end
-            for key, (n, nbytes, secs, qs) in lsums.items():
-                a = links.setdefault(key, [0.0, 0.0, 0.0, 0.0, end])
+            for lkey, (n, nbytes, secs, qs) in lsums.items():
+                a = links.setdefault(lkey, [0.0, 0.0, 0.0, 0.0, end])
                 a[0] += w * n
                 a[1] += w * nbytes
                 a[2] += w * secs
@@ -134,8 +141,8 @@ class Telemetry:
         for (pool, ph, bucket), (steps, tokens, secs, bsum, raw, hist, last) in sorted(phase.items()):
             if steps <= 0:
                 continue
-            q = _quantiles(hist, (0.5, 0.9, 0.99))
-            out.append(PhaseAggregate(pool, ph, bucket, steps, tokens, secs, bsum / steps, raw, *q, last))
+            p50, p90, p99 = _quantiles(hist, (0.5, 0.9, 0.99))
+            out.append(PhaseAggregate(pool, ph, bucket, steps, tokens, secs, bsum / steps, raw, p50, p90, p99, last))
         lout = [LinkAggregate(s, d, n, nb, secs, qs, last) for (s, d), (n, nb, secs, qs, last) in sorted(links.items())]
         return out, lout
 

@@ -28,6 +28,7 @@ import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -98,7 +99,7 @@ class Workload:
     def job_model(self) -> list[str]:
         return [self.tenants[t].model for t in self.job_tenant]
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         tokens = float((self.req_prompt + self.req_output).sum())
         return {
             "name": self.name, "trace": self.trace, "requests": self.n_requests, "jobs": self.n_jobs,
@@ -147,7 +148,7 @@ def _tenant(f: Fields, default_model: str) -> Tenant:
     )
 
 
-def parse_workload(data: dict, where: str = "<workload>", spec_dir: Path | None = None) -> WorkloadSpec:
+def parse_workload(data: dict[str, Any], where: str = "<workload>", spec_dir: Path | None = None) -> WorkloadSpec:
     top = Fields(data, where)
     top.unknown({"name", "trace", "seed", "speedup", "replicate", "max_requests", "load", "tenants", "model", "description"})
     model = top.str("model", "llama-3-8b")
@@ -166,7 +167,7 @@ def parse_workload(data: dict, where: str = "<workload>", spec_dir: Path | None 
     )
 
 
-def load_workload_spec(ref: str | Path | dict) -> WorkloadSpec:
+def load_workload_spec(ref: str | Path | dict[str, Any]) -> WorkloadSpec:
     data, path = load_spec(ref, "workload")
     return parse_workload(data, str(path) if path else "<workload>", path.parent if path else None)
 
