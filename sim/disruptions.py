@@ -5,8 +5,9 @@ rate = alive accelerators / MTBF); the failing instance loses everything on it (
 prefills and decodes, KV held for transfers) and comes back empty after ``repair_s``. Fleet
 events (from the fleet spec): ``slowdown`` (every step of the pool takes ``factor`` times
 longer from then on), ``loss`` (the pool disappears: its instances die and its queues are
-re-placed), ``restore``. Lost work goes back to the driver (``Simulator._lost``), which
-decides the retry, exactly as the live tracker hands it to the policy's retry rules.
+re-placed), ``restore``. Lost work goes back to the driver (``_lost``), which decides the
+retry, exactly as the live tracker hands it to the policy's retry rules; a request the driver
+gives up on fails its job (``_give_up``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from phaseroute.sim.events import FAIL, REPAIR
+from phaseroute.schemas.enums import Phase
+from phaseroute.sim.events import CANCELLED, DECODE, DEFERRED, FAIL, GAVE_UP, LOST, QUEUED_DECODE, REPAIR, RETRY, TRANSFER
 from phaseroute.sim.instance import Instance
 
 if TYPE_CHECKING:
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
 
 
 class Disruptions:
-    """Mixin of ``Simulator``: failure, repair and fleet-event handlers."""
+    """Mixin of ``Simulator``: failure, repair and fleet-event handlers; lost and failed requests."""
 
     def _kill(self: SimHost, inst: Instance, cause: str) -> None:
         pool = self.pools[inst.pool]
@@ -106,3 +108,43 @@ class Disruptions:
         for rid in queued:
             self._lost(rid, pool.idx, "pool_lost")
 
+    # ------------------------------------------------------------------ lost and failed requests
+    def _lost(self: SimHost, rid: int, pool_idx: int, cause: str) -> None:
+        """A request's attempt is gone: ``cause`` is worker_death, pool_lost or refused (the pool
+        was dead or too small when the request reached it). The driver decides what follows."""
+        if rid in self.twin:                   # its twin still runs and will finish the request
+            del self.twin[self.twin.pop(rid)]
+            self.attempt[rid] += 1
+            self.status[rid] = CANCELLED
+            self.where[rid] = None
+            self.counters["requests_lost"] += 1
+            self.driver.on_cancel(rid, self.now)
+            return
+        phase = Phase.DECODE if self.status[rid] in (TRANSFER, QUEUED_DECODE, DECODE) else Phase.PREFILL
+        self.lost_from = self.status[rid]
+        self.attempt[rid] += 1
+        self.status[rid] = LOST
+        self.where[rid] = None
+        self.counters["requests_lost"] += 1
+        decision = self.driver.on_lost(rid, pool_idx, self.now, cause, phase)
+        if decision is DEFERRED:
+            return
+        if decision is None:
+            self.inflight -= 1
+            self.inflight_tokens -= self.prompt[rid] + self.output[rid]
+            self._give_up(rid, f"request {rid} gave up after {self.attempt[rid]} attempts")
+            return
+        self.counters["retries"] += 1
+        self.push(max(decision, self.now), RETRY, rid, self.attempt[rid])
+
+    def _give_up(self: SimHost, rid: int, why: str) -> None:
+        """The request fails for good (its in-flight slot already given back); so does its job."""
+        self.status[rid] = GAVE_UP
+        self.counters["gave_up"] += 1
+        self.unplaced.pop(rid, None)
+        self.unplaced_since.pop(rid, None)
+        j = self.job[rid]
+        if self.job_state[j] == "admitted":
+            self.job_state[j] = "failed"
+            self.job_reason[j] = why
+            self.unresolved_jobs -= 1

@@ -17,6 +17,9 @@ result. Decisions (admission, release order, routing, retries) belong to a ``Dri
 baseline (drivers.py) answers the engine's questions (release, route, retry); phaseroute's
 driver (core_driver.py) runs the live control core on its own TICK events and places work with
 ``place``, as the data plane executes the control plane's sends. The engine only executes.
+This module holds the event loop, release, routing and the instances' scheduling; the other
+handlers are mixins: ``phase_ends`` (a prefill, transfer or decode finished), ``disruptions``
+(failures, fleet events, lost and failed requests), ``speculation`` and ``sampling``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from phaseroute.schemas.enums import Phase
 from phaseroute.sim.collector import paced_for_long_runs
 from phaseroute.sim.disruptions import Disruptions
 from phaseroute.sim.events import (  # noqa: F401  (the statuses are re-exported for drivers and tests)
@@ -55,6 +57,7 @@ from phaseroute.sim.events import (  # noqa: F401  (the statuses are re-exported
 )
 from phaseroute.sim.fleet import Fleet, SimPool
 from phaseroute.sim.instance import Instance
+from phaseroute.sim.phase_ends import PhaseEnds
 from phaseroute.sim.sampling import Sampling
 from phaseroute.sim.speculation import Speculation
 from phaseroute.sim.telemetry import Telemetry
@@ -111,7 +114,7 @@ class PoolRun:
         return self.n_alive if self.alive else 0
 
 
-class Simulator(Disruptions, Sampling, Speculation):
+class Simulator(Disruptions, PhaseEnds, Sampling, Speculation):
     def __init__(self, workload: Workload, fleet: Fleet, driver: Any, config: SimConfig = SimConfig()):
         self.w, self.fleet, self.driver, self.cfg = workload, fleet, driver, config
         n = workload.n_requests
@@ -380,118 +383,6 @@ class Simulator(Disruptions, Sampling, Speculation):
             inst.sum_ctx = 0.0
         self._fill(pool, inst)
         self._schedule(inst)
-
-    def _prefill_done(self, pool: PoolRun, inst: Instance, rid: int) -> None:
-        if not self.colo[rid] and self.self_released:
-            self.driver.on_kv_ready(rid, self.now)
-        if self.colo[rid]:
-            inst.colo_pending -= 1
-            inst.take_decode(rid, self.output[rid], self.ctx[rid], 0.0, reserved=True)
-            self.status[rid] = DECODE
-            self.t_phase[rid] = self.now
-            return
-        pool.running -= 1
-        inst.kv_held.add(rid)
-        self.status[rid] = TRANSFER
-        dst = self.pools[self.dec_pool[rid]]
-        link = self.fleet.links[(pool.spec.parent, dst.spec.parent)]
-        nbytes = pool.kvpt * self.prompt[rid]
-        start = max(self.now, self.links_busy.get((link.src, link.dst), 0.0))
-        service = link.latency_s + nbytes / link.bandwidth
-        self.links_busy[(link.src, link.dst)] = start + service
-        self.push(start + service, XFER, rid, (self.attempt[rid], nbytes, service, start - self.now))
-
-    def _on_xfer(self, rid: int, info: tuple[int, float, float, float]) -> None:
-        attempt, nbytes, service, queued = info
-        if self.attempt[rid] != attempt:
-            return
-        inst = self.where[rid]
-        assert inst is not None        # the source instance holds the KV until the transfer ends (same attempt)
-        src = self.pools[inst.pool]
-        inst.kv_held.discard(rid)
-        inst.advance(self.now, self.tel)
-        inst.kv_used -= nbytes
-        if self._fill(src, inst):
-            self._schedule(inst)
-        dst = self.pools[self.dec_pool[rid]]
-        self.tel.record_transfer(src.spec.parent, dst.spec.parent, nbytes, service, queued)
-        self.counters["kv_bytes"] += nbytes
-        self.counters["transfers"] += 1
-        if not dst.alive:
-            self._lost(rid, dst.idx, "pool_lost")
-            return
-        self.status[rid] = QUEUED_DECODE
-        self.where[rid] = None
-        dst.q_dec.append(rid)
-        dst.q_dec_tokens += self.output[rid]
-        self._dispatch(dst)
-
-    def _decode_done(self, pool: PoolRun, inst: Instance, rid: int) -> None:
-        inst.b -= 1
-        inst.sum_ctx -= self.ctx[rid]
-        inst.kv_used -= pool.kvpt * (self.prompt[rid] + self.output[rid])
-        pool.running -= 1
-        self.status[rid] = DONE
-        self.where[rid] = None
-        self.t_done[rid] = self.now
-        self.driver.on_done(rid, self.now)
-        if rid in self.twin:
-            rid = self._twin_finished(rid)     # the original row stands for the request
-            self.status[rid] = DONE
-            self.t_done[rid] = self.now
-        self.inflight -= 1
-        self.inflight_tokens -= self.prompt[rid] + self.output[rid]
-        self.tokens_done += self.prompt[rid] + self.output[rid]
-        j = self.job[rid]
-        self.job_left[j] -= 1
-        if self.job_left[j] == 0 and self.job_state[j] == "admitted":
-            self.job_done_t[j] = self.now
-            self.job_state[j] = "done"
-            self.unresolved_jobs -= 1
-        if not self.release_pending and not self.self_released and self.driver.backlog():
-            self.release_pending = True
-            self.push(self.now + self.cfg.release_interval_s, RELEASE)
-
-    # ------------------------------------------------------------------ failures and fleet events
-    def _lost(self, rid: int, pool_idx: int, cause: str) -> None:
-        """A request's attempt is gone: ``cause`` is worker_death, pool_lost or refused (the pool
-        was dead or too small when the request reached it). The driver decides what follows."""
-        if rid in self.twin:                   # its twin still runs and will finish the request
-            del self.twin[self.twin.pop(rid)]
-            self.attempt[rid] += 1
-            self.status[rid] = CANCELLED
-            self.where[rid] = None
-            self.counters["requests_lost"] += 1
-            self.driver.on_cancel(rid, self.now)
-            return
-        phase = Phase.DECODE if self.status[rid] in (TRANSFER, QUEUED_DECODE, DECODE) else Phase.PREFILL
-        self.lost_from = self.status[rid]
-        self.attempt[rid] += 1
-        self.status[rid] = LOST
-        self.where[rid] = None
-        self.counters["requests_lost"] += 1
-        decision = self.driver.on_lost(rid, pool_idx, self.now, cause, phase)
-        if decision is DEFERRED:
-            return
-        if decision is None:
-            self.inflight -= 1
-            self.inflight_tokens -= self.prompt[rid] + self.output[rid]
-            self._give_up(rid, f"request {rid} gave up after {self.attempt[rid]} attempts")
-            return
-        self.counters["retries"] += 1
-        self.push(max(decision, self.now), RETRY, rid, self.attempt[rid])
-
-    def _give_up(self, rid: int, why: str) -> None:
-        """The request fails for good (its in-flight slot already given back); so does its job."""
-        self.status[rid] = GAVE_UP
-        self.counters["gave_up"] += 1
-        self.unplaced.pop(rid, None)
-        self.unplaced_since.pop(rid, None)
-        j = self.job[rid]
-        if self.job_state[j] == "admitted":
-            self.job_state[j] = "failed"
-            self.job_reason[j] = why
-            self.unresolved_jobs -= 1
 
     # ------------------------------------------------------------------ views for drivers
     def request_work(self, rid: int) -> tuple[int, int, int, int, int]:
