@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from phaseroute.schemas.enums import JobState
 from phaseroute.sim.engine import SimConfig, Simulator
 from phaseroute.sim.runner import make_driver, prepare
 from phaseroute.streams import policy as P
@@ -88,7 +89,7 @@ def run_bench(workload: str = "bench-1m", fleet: str = "bench-1000", policies: S
             t1 = time.perf_counter()
             sim = Simulator(w, f, driver, SimConfig(seed=seed)).run()
             wall = time.perf_counter() - t1
-        done = sum(1 for s in sim.job_state if s == "done")
+        done = sum(1 for s in sim.job_state if s is JobState.COMPLETED)
         calls: dict[str, dict[str, Any]] = {
             k: {"calls": v[0], "seconds": round(v[1], 2), "us_per_call": round(1e6 * v[1] / v[0], 1) if v[0] else None}
             for k, v in sorted(stats.items(), key=lambda kv: -kv[1][1]) if v[0]}

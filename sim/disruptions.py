@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from phaseroute.schemas.enums import Phase
+from phaseroute.schemas.enums import JobState, Phase
 from phaseroute.sim.events import CANCELLED, DECODE, DEFERRED, FAIL, GAVE_UP, LOST, QUEUED_DECODE, REPAIR, RETRY, TRANSFER
 from phaseroute.sim.instance import Instance
 
@@ -144,7 +144,7 @@ class Disruptions:
         self.unplaced.pop(rid, None)
         self.unplaced_since.pop(rid, None)
         j = self.job[rid]
-        if self.job_state[j] == "admitted":
-            self.job_state[j] = "failed"
+        if self.job_state[j] is JobState.ADMITTED:
+            self.job_state[j] = JobState.FAILED
             self.job_reason[j] = why
             self.unresolved_jobs -= 1

@@ -31,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from phaseroute.schemas.enums import JobState
 from phaseroute.sim.collector import paced_for_long_runs
 from phaseroute.sim.disruptions import Disruptions
 from phaseroute.sim.events import (  # noqa: F401  (the statuses are re-exported for drivers and tests)
@@ -133,7 +134,8 @@ class Simulator(Disruptions, PhaseEnds, Sampling, Speculation):
         self.twin: dict[int, int] = {}           # request <-> its speculative copy
         self.job_left = workload.job_count.tolist()
         self.job_done_t = [math.nan] * workload.n_jobs
-        self.job_state = ["pending"] * workload.n_jobs     # pending|admitted|rejected|done|failed
+        # SUBMITTED until the job arrives; then REJECTED or ADMITTED; an admitted job ends COMPLETED or FAILED
+        self.job_state = [JobState.SUBMITTED] * workload.n_jobs
         self.job_reason: list[str] = [""] * workload.n_jobs
         self.pools = [PoolRun(i, p, fleet.limits.prefill_chunk, fleet.limits.mixed_chunk) for i, p in enumerate(fleet.pools)]
         self.links_busy: dict[tuple[str, str], float] = {}
@@ -205,11 +207,11 @@ class Simulator(Disruptions, PhaseEnds, Sampling, Speculation):
     def _on_arrive(self, j: int, _b: object) -> None:
         reason = self.driver.submit(j, self.now)
         if reason is not None:
-            self.job_state[j] = "rejected"
+            self.job_state[j] = JobState.REJECTED
             self.job_reason[j] = reason
             self.unresolved_jobs -= 1
             return
-        self.job_state[j] = "admitted"
+        self.job_state[j] = JobState.ADMITTED
         self.tenant_waiting[int(self.w.job_tenant[j])] += int(self.w.job_count[j])
         self._want_release()
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import random
 
+    from phaseroute.schemas.enums import JobState
     from phaseroute.sim.engine import PoolRun, SimConfig
     from phaseroute.sim.fleet import Fleet
     from phaseroute.sim.instance import Instance
@@ -63,7 +64,7 @@ class SimHost(Protocol):
     unplaced_since: dict[int, float]
     job_left: list[int]
     job_done_t: list[float]
-    job_state: list[str]
+    job_state: list[JobState]
     job_reason: list[str]
 
     def push(self, t: float, kind: int, a: Any = None, b: Any = None) -> None: ...

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from phaseroute.schemas.enums import JobState
 from phaseroute.sim.limits import infeasible_jobs
 
 if TYPE_CHECKING:
@@ -39,8 +40,8 @@ def _r(x: float, nd: int = 4) -> float:
 def compute_metrics(sim: Simulator) -> dict[str, Any]:
     w = sim.w
     done_t = np.array(sim.job_done_t, dtype=np.float64)
-    states = np.array(sim.job_state)
-    met = (states == "done") & (done_t <= w.job_deadline + 1e-9)
+    states = np.array([s.value for s in sim.job_state])
+    met = (states == JobState.COMPLETED.value) & (done_t <= w.job_deadline + 1e-9)
     tokens = w.job_tokens.astype(np.float64)
     t_done = np.array(sim.t_done[: w.n_requests], dtype=np.float64)   # later rows are speculative copies
     completed = ~np.isnan(t_done)
@@ -63,7 +64,7 @@ def compute_metrics(sim: Simulator) -> dict[str, Any]:
         }
     met_tokens = float(tokens[met].sum())
     n_jobs = max(w.n_jobs, 1)
-    late = (states == "done") & ~met
+    late = (states == JobState.COMPLETED.value) & ~met
     kv_bytes = float(sim.counters["kv_bytes"])
     transfer_cost = sim.fleet.transfer_cost_usd(kv_bytes)
     rental_cost = cost
@@ -76,8 +77,8 @@ def compute_metrics(sim: Simulator) -> dict[str, Any]:
         "jobs": w.n_jobs, "jobs_met": int(met.sum()),
         "miss_rate": _r(1.0 - met.sum() / n_jobs),
         "token_miss_rate": _r(1.0 - met_tokens / max(float(tokens.sum()), 1.0)),
-        "jobs_late": int(late.sum()), "jobs_rejected": int((states == "rejected").sum()),
-        "jobs_failed": int((states == "failed").sum()), "jobs_unfinished": int((states == "admitted").sum()),
+        "jobs_late": int(late.sum()), "jobs_rejected": int((states == JobState.REJECTED.value).sum()),
+        "jobs_failed": int((states == JobState.FAILED.value).sum()), "jobs_unfinished": int((states == JobState.ADMITTED.value).sum()),
         "jobs_infeasible": int(infeasible_jobs(sim.fleet, w).sum()),
         "completed_tokens": completed_tokens, "makespan_s": _r(makespan, 1),
         "cost_usd": _r(cost, 2), "rental_cost_usd": _r(rental_cost, 2), "transfer_cost_usd": _r(transfer_cost, 2),
@@ -108,7 +109,7 @@ def _colocated_share(sim: Simulator) -> float | None:
 
 
 def _lateness(done_t: np.ndarray, deadline: np.ndarray, met: np.ndarray, states: np.ndarray) -> float | None:
-    late = (states == "done") & ~met
+    late = (states == JobState.COMPLETED.value) & ~met
     if not late.any():
         return 0.0
     return _r(float(np.percentile(done_t[late] - deadline[late], 90)), 1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from phaseroute.schemas.enums import JobState
 from phaseroute.sim.events import DECODE, DONE, QUEUED_DECODE, RELEASE, TRANSFER, XFER
 
 if TYPE_CHECKING:
@@ -87,9 +88,9 @@ class PhaseEnds:
         self.tokens_done += self.prompt[rid] + self.output[rid]
         j = self.job[rid]
         self.job_left[j] -= 1
-        if self.job_left[j] == 0 and self.job_state[j] == "admitted":
+        if self.job_left[j] == 0 and self.job_state[j] is JobState.ADMITTED:
             self.job_done_t[j] = self.now
-            self.job_state[j] = "done"
+            self.job_state[j] = JobState.COMPLETED
             self.unresolved_jobs -= 1
         if not self.release_pending and not self.self_released and self.driver.backlog():
             self.release_pending = True

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from phaseroute.schemas.enums import JobState
 from phaseroute.sim.engine import DONE, SimConfig, Simulator
 from phaseroute.sim.runner import make_driver, prepare, run_policy
 
@@ -106,13 +107,13 @@ def test_simulator_runs_the_live_control_core(sim_inputs, monkeypatch):
     for name in ("route", "admit", "schedule", "enqueue", "on_finished", "refresh", "next_step", "redispatch_lost",
                  "core.handle", "core.tick"):
         assert calls.get(name, 0) > 0, f"{name} was never called"
-    admitted = sum(int(w.job_count[j]) for j in range(w.n_jobs) if sim.job_state[j] != "rejected")
+    admitted = sum(int(w.job_count[j]) for j in range(w.n_jobs) if sim.job_state[j] is not JobState.REJECTED)
     assert calls["route"] >= admitted > 0 and calls["admit"] == w.n_jobs
     # the static-spec router is the same core on datasheet rows
     before = calls["route"]
     sim2, _ = run_policy(w, f, "static-spec")
     assert type(sim2.driver.core) is ControlCore
-    admitted = sum(int(w.job_count[j]) for j in range(w.n_jobs) if sim2.job_state[j] != "rejected")
+    admitted = sum(int(w.job_count[j]) for j in range(w.n_jobs) if sim2.job_state[j] is not JobState.REJECTED)
     assert calls["route"] >= before + admitted > before
 
 
@@ -145,7 +146,7 @@ def test_a_request_no_instance_can_hold_is_refused_not_blocking(tmp_path):
         sim, m = run_policy(w, f, name)
         assert m["jobs_met"] == 3 and m["jobs"] == 4, name
         assert sim.status[1] != DONE, name
-        assert m["jobs_rejected"] == 1 and m["no_placement"] == 0 and sim.job_state[1] == "rejected", name
+        assert m["jobs_rejected"] == 1 and m["no_placement"] == 0 and sim.job_state[1] is JobState.REJECTED, name
         if name == "split":
             assert sim.job_reason[1] == ("infeasible: request 1 of job 1: decode needs KV for 60020 tokens on one "
                                          "instance; the largest decode instance of 'llama-3.1-8b' holds 42266")
@@ -173,7 +174,7 @@ def test_a_request_stranded_by_a_pool_loss_gives_up_after_its_deadline(tmp_path)
     driver = CoreDriver(PhaserouteOptions(retry=RetryConfig(unplaced_give_up_s=60.0)))
     sim, m = run_policy(w, f, "phaseroute", driver=driver)
     deadline = float(w.job_deadline[1])
-    assert sim.job_state == ["done", "failed", "done", "done"] and m["jobs_met"] == 3
+    assert sim.job_state == [JobState.COMPLETED, JobState.FAILED, JobState.COMPLETED, JobState.COMPLETED] and m["jobs_met"] == 3
     assert m["requests_gave_up"] == 1 and m["no_placement"] > 1
     assert sim.job_reason[1].startswith("no pool could place it for ") and "its deadline has passed" in sim.job_reason[1]
     assert deadline <= sim.now < deadline + 10, "it gives up once the deadline has passed, not before"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from phaseroute.schemas.enums import JobState
 from phaseroute.sim.bound import deadline_bound, job_work, lp_pools, max_throughput, solve
 from phaseroute.sim.fleet import parse_fleet
 from phaseroute.sim.limits import PoolLimits, feasible_requests, infeasible_jobs, why_infeasible
@@ -41,7 +42,7 @@ def test_a_prompt_over_the_context_is_a_miss_for_every_policy_and_left_out_of_th
         assert m["jobs_met"] == 3 and m["jobs_rejected"] == 3, name        # refused at submission, not served
         assert m["miss_rate"] == pytest.approx(0.5), name
         for j in np.flatnonzero(bad):
-            assert sim.job_state[j] == "rejected", name
+            assert sim.job_state[j] is JobState.REJECTED, name
         served = sum(m["pools"][p]["prefill_tokens"] for p in m["pools"])
         assert served == pytest.approx(float(w.req_prompt[~bad[w.req_job]].sum()), abs=2), name   # none on them
     b = deadline_bound(w, f)
