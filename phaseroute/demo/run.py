@@ -12,7 +12,10 @@
 4. Jobs from three tenants (one floods), an infeasible job and a resubmitted job id. The
    tenants are registered with keys (the tenant registry); globex submits through the Batch
    API with the official ``openai`` SDK, the others as operator jobs on Kafka.
-5. Live progress, then a summary measured from Kafka and ClickHouse, and the checks of
+5. Live progress; then up to ``DRIFT_WAIT_S`` for a round of quality canaries to be measured
+   (canaries are work of a reserved tenant that the fair scheduler releases at a small share
+   while tenants' jobs queue, so their round often ends only after the jobs);
+6. a summary measured from Kafka and ClickHouse, and the checks of
    ``checks`` (every job as expected, exactly one output line per request): a failed check is a
    failed demo. Everything it started is stopped at the end, also on Ctrl-C or failure.
 """
@@ -32,14 +35,17 @@ from rich.table import Table
 
 from phaseroute.api.client_example import submit_with_sdk
 from phaseroute.api.registry import add_tenant
+from phaseroute.cli.drift_cmds import drift_summary
 from phaseroute.cli.jobs_operator import job_record, latest_job_states, parse_deadline, publish
 from phaseroute.config import Settings
 from phaseroute.demo import checks, isolation
 from phaseroute.demo import summary as summarize
 from phaseroute.demo.workload import TENANTS, DemoJob, demo_jobs, write_input
 from phaseroute.infra import cold_start, kafka_launcher, processes, provision, stack, topics
+from phaseroute.infra.pool_spec import PoolSpec
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "EXPIRED", "REJECTED"}
+DRIFT_WAIT_S = 60.0  # after the jobs, the longest the demo waits for a canary round to be measured
 
 
 class DemoError(RuntimeError):
@@ -97,6 +103,29 @@ def follow_jobs(settings: Settings, job_ids: list[str], names: list[str], consol
                     + ", ".join(f"{j}={states.get(j, {}).get('state')}" for j in job_ids))
 
 
+def canary_paths(pools: list[PoolSpec]) -> int:
+    """How many paths the drift monitor measures among ``pools`` (its ``paths_of``): each pool
+    that prefills to each pool that decodes, a pool to itself only when it does both."""
+    prefill = [p for p in pools if p.phase in ("prefill", "both")]
+    decode = [p for p in pools if p.phase in ("decode", "both")]
+    return sum(1 for a in prefill for b in decode if a.name != b.name or a.phase == "both")
+
+
+def wait_for_drift_rounds(settings: Settings, since: float, pools: list[PoolSpec], names: list[str],
+                          console: Console, wait_s: float = DRIFT_WAIT_S) -> float:
+    """Until ClickHouse holds a canary round measured since ``since`` on every path among
+    ``pools``, at most ``wait_s``; the seconds waited."""
+    want = canary_paths(pools)
+    console.print(f"waiting up to {wait_s:.0f} s for a round of quality canaries on each of the {want} paths ...")
+    started = time.time()
+    while time.time() - started < wait_s:
+        stack.check_running(settings, names)
+        if len(drift_summary(settings.telemetry_port, since)["paths"]) >= want:
+            break
+        time.sleep(2.0)
+    return time.time() - started
+
+
 def print_summary(doc: dict[str, Any], console: Console) -> None:
     jobs = Table("job", "tenant", "state", "done/total", "tokens out", "s", "tokens/s", "deadline", title="Jobs")
     for j in doc["jobs"]:
@@ -129,9 +158,9 @@ def print_summary(doc: dict[str, Any], console: Console) -> None:
     if table.row_count:
         console.print(table)
     else:  # canaries go through the fair scheduler at a small share of the tokens while jobs queue
-        console.print("quality drift: no canary round finished during the jobs (canaries get a small share of "
-                      "the tokens while tenants' work waits); `phaseroute drift measure` on a running stack "
-                      "measures the paths", highlight=False)
+        console.print(f"quality drift: no canary round was measured within {doc['drift_wait_s']} s after "
+                      "the jobs (canaries get a small share of the tokens while tenants' work waits); "
+                      "`phaseroute drift measure` on a running stack measures the paths", highlight=False)
     for alert in drift.get("alerts", []):
         console.print(f"  alert {alert['at_utc']} {alert['path']} {alert['kind']}: {alert['reason']}", highlight=False)
     console.print(f"{doc['output_tokens']} output tokens in {doc['wall_s']} s = {doc['output_tokens_per_s']} tokens/s; "
@@ -168,11 +197,13 @@ def run_demo(settings: Settings, as_json: bool, scale: float, timeout_s: float, 
         job_ids = [j.job_id for j in jobs]
         states = follow_jobs(settings, job_ids, started, console, timeout_s)
         until = time.time()
+        drift_wait_s = wait_for_drift_rounds(settings, since, pools, started, console)
         time.sleep(2.0)  # the telemetry service flushes every second
         doc = summarize.collect(settings.bootstrap_servers, settings.telemetry_port, states, job_ids,
                                 [p.name for p in pools], {t: v["weight"] for t, v in TENANTS.items()}, since, until,
                                 prefill_pools=[p.name for p in pools if p.phase in ("prefill", "both")])
         doc["pools_spec"] = [p.__dict__ for p in pools]
+        doc["drift_wait_s"] = round(drift_wait_s, 1)
         doc["checks"] = checks.check(jobs, states, settings.blob_store)
     finally:
         for name in reversed(started):
