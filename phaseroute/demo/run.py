@@ -38,11 +38,14 @@ from phaseroute.api.registry import add_tenant
 from phaseroute.cli.drift_cmds import drift_summary
 from phaseroute.cli.jobs_operator import job_record, latest_job_states, parse_deadline, publish
 from phaseroute.config import Settings
+from phaseroute.consumers.drift_monitor import paths_of
 from phaseroute.demo import checks, isolation
 from phaseroute.demo import summary as summarize
 from phaseroute.demo.workload import TENANTS, DemoJob, demo_jobs, write_input
+from phaseroute.engine.models import DEFAULT_MODEL as MODEL
 from phaseroute.infra import cold_start, kafka_launcher, processes, provision, stack, topics
 from phaseroute.infra.pool_spec import PoolSpec
+from phaseroute.streams.policy import Phase, PoolState
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "EXPIRED", "REJECTED"}
 DRIFT_WAIT_S = 60.0  # after the jobs, the longest the demo waits for a canary round to be measured
@@ -74,7 +77,7 @@ def submit_jobs(settings: Settings, jobs: list[DemoJob], workdir: Path, keys: di
             submitted.append(replace(job, job_id=batch.id))
             continue
         record = job_record(path, job.tenant, job.priority, parse_deadline(job.deadline, time.time()), job.job_id,
-                            job.quality, "smollm2-135m", job.max_tokens, job.tolerance, settings.blob_store)
+                            job.quality, MODEL, job.max_tokens, job.tolerance, settings.blob_store)
         for _ in range(2 if job.resubmit else 1):
             publish(settings.bootstrap_servers, topics.JOBS_SUBMITTED, job.job_id, "job_submitted", record)
         submitted.append(job)
@@ -103,12 +106,15 @@ def follow_jobs(settings: Settings, job_ids: list[str], names: list[str], consol
                     + ", ".join(f"{j}={states.get(j, {}).get('state')}" for j in job_ids))
 
 
-def canary_paths(pools: list[PoolSpec]) -> int:
-    """How many paths the drift monitor measures among ``pools`` (its ``paths_of``): each pool
-    that prefills to each pool that decodes, a pool to itself only when it does both."""
-    prefill = [p for p in pools if p.phase in ("prefill", "both")]
-    decode = [p for p in pools if p.phase in ("decode", "both")]
-    return sum(1 for a in prefill for b in decode if a.name != b.name or a.phase == "both")
+def canary_paths(pools: list[PoolSpec], model: str = MODEL) -> int:
+    """How many paths the drift monitor measures among ``pools`` once they are all alive (its own
+    ``paths_of`` over them)."""
+    def serves(spec: PoolSpec) -> frozenset[Phase]:
+        return frozenset(Phase) if spec.phase == "both" else frozenset({Phase(spec.phase.upper())})
+
+    alive = [PoolState(p.name, True, serves(p), frozenset({model}), p.variant, p.workers, p.max_decode_batch, 0.0)
+             for p in pools]
+    return len(paths_of(alive, [model]))
 
 
 def wait_for_drift_rounds(settings: Settings, since: float, pools: list[PoolSpec], names: list[str],

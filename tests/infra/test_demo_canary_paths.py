@@ -1,33 +1,20 @@
-"""The demo waits for a canary round on every path its pools form: its count of those paths
-must be the drift monitor's (``paths_of``), or it would stop waiting early or always time out."""
+"""The demo waits for a canary round on every path its pools form, counted by the drift
+monitor's own ``paths_of``: the count must be right, or the wait stops early or always runs out."""
 
 from __future__ import annotations
 
 import pytest
 
-from phaseroute.consumers.drift_monitor import paths_of
 from phaseroute.demo.run import canary_paths
 from phaseroute.infra.pool_spec import PoolSpec
 from phaseroute.infra.stack import demo_pools
-from phaseroute.streams.policy import Phase, PoolState
-
-PHASES = {"prefill": frozenset({Phase.PREFILL}), "decode": frozenset({Phase.DECODE}),
-          "both": frozenset({Phase.PREFILL, Phase.DECODE})}
 
 
-def _alive(spec: PoolSpec) -> PoolState:
-    return PoolState(spec.name, True, PHASES[spec.phase], frozenset({"m"}), spec.variant, 1, 16, 1e9)
-
-
-@pytest.mark.parametrize("pools", [
-    demo_pools(2),
-    [PoolSpec("a", "both"), PoolSpec("b", "both")],
-    [PoolSpec("p", "prefill"), PoolSpec("d", "decode")],
-    [PoolSpec("p", "prefill")],
+@pytest.mark.parametrize(("pools", "paths"), [
+    (demo_pools(2), 4),                                           # colo; colo -> decode; prefill -> decode; prefill -> colo
+    ([PoolSpec("a", "both"), PoolSpec("b", "both")], 4),          # a; b; a -> b; b -> a
+    ([PoolSpec("p", "prefill"), PoolSpec("d", "decode")], 1),
+    ([PoolSpec("p", "prefill")], 0),
 ], ids=["demo", "two-colocated", "one-pair", "prefill-only"])
-def test_the_demo_counts_the_paths_the_drift_monitor_measures(pools: list[PoolSpec]) -> None:
-    assert canary_paths(pools) == len(paths_of([_alive(p) for p in pools], ["m"]))
-
-
-def test_the_demos_pools_form_four_paths() -> None:
-    assert canary_paths(demo_pools(2)) == 4  # colo; colo -> decode; prefill -> decode; prefill -> colo
+def test_the_demo_counts_the_paths_its_pools_form(pools: list[PoolSpec], paths: int) -> None:
+    assert canary_paths(pools) == paths
