@@ -12,7 +12,12 @@ Lines: a success is ``{id, custom_id, response: {status_code: 200, request_id, b
 null}`` with a ``chat.completion`` body; a request that did not run to an answer is ``{id,
 custom_id, response: null, error: {code, message}}`` with the result's ``error_code``
 (``request_failed``, ``batch_cancelled``, ``batch_expired``, ...; ``request_failed`` for records
-without one). ``split_lines`` tells them apart for the output and error files.
+without one). ``is_error_line`` tells them apart for the output and error files.
+
+``JobOutput.tally`` counts the lines a job's output holds (success and error lines, prompt and
+completion tokens of the successes: ``OutputTally``). It is counted from the parts on
+construction and grows by the fresh lines of each write, so it is exact (one line per custom
+id) and the same for a restarted sink; the sink's receipts carry it to the job's counters.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from phaseroute.infra.blobstore import BlobStore, output_prefix
@@ -62,25 +68,67 @@ def is_error_line(line: dict[str, Any]) -> bool:
     return line.get("error") is not None or not isinstance(response, dict) or response.get("status_code") != 200
 
 
+@dataclass(frozen=True, slots=True)
+class OutputTally:
+    """Exact counts of a job's output lines (the ``output_written`` receipt's fields of the same names)."""
+
+    lines: int = 0  # distinct custom ids with a line
+    ok: int = 0  # success lines
+    failed: int = 0  # error lines (is_error_line)
+    tokens_in: int = 0  # prompt tokens of the success lines (tokens)
+    tokens_out: int = 0  # completion tokens of the success lines (tokens)
+
+    def __add__(self, other: OutputTally) -> OutputTally:
+        return OutputTally(self.lines + other.lines, self.ok + other.ok, self.failed + other.failed,
+                           self.tokens_in + other.tokens_in, self.tokens_out + other.tokens_out)
+
+
+def _usage_tokens(line: dict[str, Any], name: str) -> int:
+    """``response.body.usage[name]`` of a success line; 0 when it holds no count (a line is
+    never refused for its usage: the tally only reports it)."""
+    body = line["response"].get("body")
+    usage = body.get("usage") if isinstance(body, dict) else None
+    value = usage.get(name) if isinstance(usage, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def line_tally(line: dict[str, Any]) -> OutputTally:
+    """One line's share of the tally: an error line counts 0 tokens (chat.completion and
+    text_completion success lines keep the same ``usage``)."""
+    if is_error_line(line):
+        return OutputTally(lines=1, failed=1)
+    return OutputTally(lines=1, ok=1, tokens_in=_usage_tokens(line, "prompt_tokens"),
+                       tokens_out=_usage_tokens(line, "completion_tokens"))
+
+
 class JobOutput:
-    """The lines of one job, as part objects; at most one line per custom id."""
+    """The lines of one job, as part objects; at most one line per custom id, and their tally."""
 
     def __init__(self, store: BlobStore, tenant: str, job_id: str) -> None:
         self.store = store
         self.prefix = output_prefix(tenant, job_id)  # BlobKeyError for an id that cannot name a key
-        self.written: set[str] = {line["custom_id"] for line in iter_part_lines(store, self.prefix)}
+        self.written: set[str] = set()
+        self._tally = OutputTally()
+        for line in unique_lines(iter_part_lines(store, self.prefix)):  # first line per custom id, as the files
+            self._tally += line_tally(line)
+            self.written.add(line["custom_id"])
+
+    @property
+    def tally(self) -> OutputTally:
+        """The counts of the lines written so far (``tally.lines == len(written)``)."""
+        return self._tally
 
     def write_part(self, partition: int, offset: int, lines: list[dict[str, Any]]) -> int:
-        """Write the lines whose custom id is new as one part object; returns how many."""
-        fresh: list[dict[str, Any]] = []
-        for line in lines:
-            if line["custom_id"] not in self.written and line["custom_id"] not in {f["custom_id"] for f in fresh}:
-                fresh.append(line)
+        """Write the lines whose custom id is new as one part object; returns how many.
+        The tally grows by those lines only, after the part is stored."""
+        fresh = [line for line in unique_lines(lines) if line["custom_id"] not in self.written]
         if not fresh:
             return 0
+        added = sum((line_tally(line) for line in fresh), OutputTally())
         data = "".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n" for line in fresh)
         self.store.put(self.prefix + part_name(partition, offset), data.encode("utf-8"))
         self.written.update(line["custom_id"] for line in fresh)
+        self._tally += added
         return len(fresh)
 
 

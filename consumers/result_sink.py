@@ -6,10 +6,12 @@ results arrive on one partition, in one sink. For each job in a batch the sink w
 OpenAI-Batch-shaped lines of custom ids not yet written as one part object under
 ``tenants/<tenant>/outputs/<job_id>/`` (consumers/output_file.py; replays and speculative copies
 are dropped by id). Then it sends a receipt (``output_written`` on ``results.written``) with the
-number of lines the job's output now durably holds; the control plane completes a job only on
-a receipt that covers every request, so a COMPLETED job's output is whole. The loop commits
-the offsets after the receipts are produced. A sink killed at any point redoes at most the
-uncommitted tail, and the parts' own content makes that idempotent.
+number of lines the job's output now durably holds and their exact tallies (success and error
+lines, tokens in and out: ``JobOutput.tally``), which the control plane takes the job's counters
+from; it completes a job only on a receipt that covers every request, so a COMPLETED job's
+output is whole. The loop commits the offsets after the receipts are produced. A sink killed
+at any point redoes at most the uncommitted tail, and the parts' own content makes that
+idempotent (a restarted sink counts the same tallies from the parts).
 
 A result whose job id or tenant cannot name a blob key (admission refuses such jobs, so only
 a hostile producer makes one) goes to the dead-letter topic with the reason.
@@ -17,13 +19,14 @@ a hostile producer makes one) goes to the dead-letter topic with the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 from phaseroute.consumers.handler import Completion, Output, WorkItem
 from phaseroute.consumers.offsets import TopicPartition
 from phaseroute.consumers.output_file import JobOutput, openai_batch_line
-from phaseroute.infra.blobstore import BlobStore
+from phaseroute.infra.blobstore import BlobStore, output_prefix
 from phaseroute.infra.topics import spec_for
 
 RECEIPT_TOPIC = spec_for("results.written").name
@@ -43,9 +46,10 @@ class ResultSinkHandler:
         key = (tenant, job_id)
         if key not in self._jobs:
             try:
-                self._jobs[key] = JobOutput(self.store, tenant, job_id)
+                output_prefix(tenant, job_id)
             except ValueError:
                 raise ValueError(f"job id {job_id!r} of tenant {tenant!r} cannot name an output in the blob store") from None
+            self._jobs[key] = JobOutput(self.store, tenant, job_id)  # a bad stored line is not a bad job id
         return self._jobs[key]
 
     def capacity(self) -> int:
@@ -78,7 +82,8 @@ class ResultSinkHandler:
             self.written += wrote
             self.duplicates += len(lines) - wrote
             entries[-1][1].outputs.append(Output(RECEIPT_TOPIC, key[1], "output_written", {
-                "job_id": key[1], "lines": len(out.written), "path": out.prefix, "writer": self.writer, "at": at}))
+                "job_id": key[1], **dataclasses.asdict(out.tally),  # lines, ok, failed, tokens_in, tokens_out
+                "path": out.prefix, "writer": self.writer, "at": at}))
         return done
 
     def step(self) -> list[Completion]:

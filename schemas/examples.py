@@ -90,7 +90,8 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
         "canary": None, "canary_trace": None,
     },
     "output_written": {
-        "job_id": JOB_ID, "lines": 1, "path": f"tenants/{TENANT}/outputs/{JOB_ID}/",
+        "job_id": JOB_ID, "lines": 1, "ok": 1, "failed": 0, "tokens_in": 21, "tokens_out": 9,
+        "path": f"tenants/{TENANT}/outputs/{JOB_ID}/",
         "writer": "result-sink.4242", "at": T0 + 510,
     },
     "job_admission": {

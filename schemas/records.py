@@ -257,6 +257,10 @@ class OutputWritten(AvroRecord):
     KIND: ClassVar[str] = "output_written"
     job_id: str
     lines: int
+    ok: int = 0
+    failed: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
     path: str
     writer: str
     at: int
