@@ -1,7 +1,9 @@
 """The phaseroute policy in the simulator: the live control core, driven by a simulated fleet.
 
-``CoreDriver`` owns one ``ControlCore`` (the object the Faust control plane runs) and does what
-the live shell and workers do around it, with the simulated fleet in place of Kafka:
+``CoreDriver`` owns one ``ControlCore`` (the object the Faust control plane runs) and one
+``JobTracker`` (what every control-plane instance runs for its partitions), joined in one
+process (``OneProcessControl``), and does what the live shell, workers and result sink do
+around them, with the simulated fleet in place of Kafka:
 - a job arrival becomes ``JobSubmitted``; admitted requests come back as ``QueueRequest`` and go
   straight in as ``RequestQueued`` (the ``requests.pending`` hop);
 - every ``tick_s`` (the control plane's timer) it reports the pools as heartbeats would
@@ -9,8 +11,9 @@ the live shell and workers do around it, with the simulated fleet in place of Ka
   the simulated pools (``Simulator.place``; a speculative one on a twin row), each
   ``FailRequest`` comes back as a failed ``ResultReceived`` (the ``results`` hop);
 - the simulated workers answer as real ones: ``KvReady`` when a disaggregated prefill finishes,
-  ``ResultReceived`` when decode finishes, the sink's ``OutputWritten`` when a job's last result
-  is in, ``AttemptFailed`` when an instance dies under an attempt or refuses it; a lost pool
+  ``ResultReceived`` when decode finishes (and the sink's ``OutputWritten`` receipt, with the
+  job's output tallies, for each request's first result),
+  ``AttemptFailed`` when an instance dies under an attempt or refuses it; a lost pool
   says nothing (its heartbeats say it is gone, and the core re-places its work itself);
 - every profile refresh, the telemetry aggregates become profile rows through the policy's
   ``build_profile_rows`` (as the live profile builder does from ClickHouse): ``ProfilesUpdated``.
@@ -41,6 +44,7 @@ from phaseroute.streams.core import (
     FleetObserved,
     JobChanged,
     JobSubmitted,
+    JobTracker,
     KvReady,
     OutputWritten,
     Problem,
@@ -49,6 +53,7 @@ from phaseroute.streams.core import (
     QueueRequest,
     ResultReceived,
 )
+from phaseroute.streams.core.one_process import OneProcessControl
 
 PROFILE_CONTEXT = 1024       # context of the start-up microbenchmark (decode)
 PROFILE_PROMPT = 1024        # prompt length of the start-up microbenchmark (prefill)
@@ -114,6 +119,8 @@ class CoreDriver:
         config = CoreConfig(models=models, router=self.opt.router, fair=fair, retry=self.opt.retry,
                             admission=replace(self.opt.admission, default_quota=self.opt.quota), **self.opt.core)
         self.core = self.make_core(config, seed=sim.cfg.seed * 7919 + 1)
+        self.control = OneProcessControl(self.core, JobTracker(config))
+        self.outputs: dict[str, list[int]] = {}  # the sink: job id -> [lines, ok, failed, tokens in, tokens out]
         self.tick_s = config.tick_s
         self.rid: list[str] = [""] * w.n_requests  # row -> request id (twin rows appended)
         self.row_of: dict[str, int] = {}         # request id -> its original row
@@ -165,7 +172,7 @@ class CoreDriver:
     def on_tick(self, now: float) -> None:
         if now - self.hb_t >= self.opt.heartbeat_s:
             self._heartbeat(now)
-        self._feed(self.core.tick(now), now)
+        self._feed(self.control.tick(now), now)
         while self.core.more_to_release:  # a tick releases a bounded slice: the rest goes at this instant
             self._feed(self.core.tick(now), now)
         reports, counters = self.core.reports, self.sim.counters
@@ -182,7 +189,7 @@ class CoreDriver:
             if kind is Dispatch:
                 self._place(d)
             elif kind is QueueRequest:
-                self._feed(self.core.handle(d.request, now), now)
+                self._feed(self.control.handle(d.request, now), now)
             elif kind is FailRequest:
                 self._fail(d, now)
             elif kind is Problem:
@@ -216,8 +223,23 @@ class CoreDriver:
                 sim.inflight -= 1
                 sim.inflight_tokens -= sim.prompt[row] + sim.output[row]
             sim._give_up(row, d.reason)
-        self._feed(self.core.handle(ResultReceived(d.work.request_id, d.work.job_id, False, d.work.prompt_tokens, 0),
-                                    now), now)
+        self._result(ResultReceived(d.work.request_id, d.work.job_id, False, d.work.prompt_tokens, 0), now)
+
+    def _result(self, result: ResultReceived, now: float) -> None:
+        """A result reaches the core and, the first one per request, the sink: its receipt (the
+        job's output tallies) goes to the tracker."""
+        first = result.request_id in self.core.dispatch.requests and \
+            not self.core.dispatch.requests[result.request_id].status.is_finished
+        self._feed(self.control.handle(result, now), now)
+        if not first:
+            return
+        tally = self.outputs.setdefault(result.job_id, [0, 0, 0, 0, 0])
+        tally[0] += 1
+        tally[1 if result.ok else 2] += 1
+        if result.ok:
+            tally[3] += result.prompt_tokens
+            tally[4] += result.completion_tokens
+        self._feed(self.control.handle(OutputWritten(result.job_id, *tally), now), now)
 
     # ------------------------------------------------------------------ admission
     def submit(self, j: int, now: float) -> str | None:
@@ -232,7 +254,7 @@ class CoreDriver:
             self.row_of[rid] = first + i
         event = JobSubmitted(job_id, tenant.name, tenant.model, tenant.priority, now, float(w.job_deadline[j]),
                              QualityTier(tenant.quality.upper()), 0.0, 0.0, prompts)
-        out = self.core.handle(event, now)
+        out = self.control.handle(event, now)
         rejected = next((d for d in out if isinstance(d, JobChanged) and d.kind is JobEventKind.REJECTED), None)
         self._feed(out, now)
         if rejected is not None:
@@ -253,16 +275,12 @@ class CoreDriver:
     # ------------------------------------------------------------------ what the fleet reports
     def on_kv_ready(self, row: int, now: float) -> None:
         rid = self.rid[row]
-        self._feed(self.core.handle(KvReady(rid, self.row_attempt[row], self.names[self.sim.pre_pool[row]],
+        self._feed(self.control.handle(KvReady(rid, self.row_attempt[row], self.names[self.sim.pre_pool[row]],
                                             self.names[self.sim.pre_pool[row]]), now), now)
 
     def on_done(self, row: int, now: float) -> None:
         rid, sim = self.rid[row], self.sim
-        job_id = f"j{sim.job[row]}"
-        self._feed(self.core.handle(ResultReceived(rid, job_id, True, sim.prompt[row], sim.output[row]), now), now)
-        job = self.core.jobs.jobs.get(job_id)
-        if job is not None and job.finished_requests >= job.requests_total:
-            self._feed(self.core.handle(OutputWritten(job_id, job.finished_requests), now), now)
+        self._result(ResultReceived(rid, f"j{sim.job[row]}", True, sim.prompt[row], sim.output[row]), now)
 
     def on_lost(self, row: int, pool: int, now: float, cause: str, phase: Phase) -> object:
         """Worker death and refusals are failed attempts, as a supervisor or the worker reports
@@ -287,7 +305,7 @@ class CoreDriver:
         if attempt is None:
             return
         event = AttemptFailed(self.rid[row], attempt, self.names[pool], phase, kind, cause)
-        self._feed(self.core.handle(event, now), now)
+        self._feed(self.control.handle(event, now), now)
 
     def on_speculate(self, rid: int, copy: int, avoid: frozenset[str], now: float) -> None:
         raise RuntimeError("the control core places speculative copies itself")

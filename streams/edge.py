@@ -6,11 +6,12 @@ wire and epoch seconds in the core; enums travel by their Avro symbols (the one 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from phaseroute.infra import topics
-from phaseroute.schemas.enums import JobCommandKind, Phase, QualityTier
+from phaseroute.schemas.enums import JobCommandKind, JobState, Phase, QualityTier
 from phaseroute.schemas.ids import attempt_id, job_event_id
 from phaseroute.streams.core import (
     AttemptFailed,
@@ -18,6 +19,7 @@ from phaseroute.streams.core import (
     Dispatch,
     FailRequest,
     JobChanged,
+    JobEnded,
     JobSubmitted,
     KvReady,
     OutputWritten,
@@ -96,7 +98,19 @@ def attempt_failed(record: dict[str, Any]) -> AttemptFailed:
 
 
 def output_written(record: dict[str, Any]) -> OutputWritten:
-    return OutputWritten(str(record["job_id"]), int(record["lines"]))
+    return OutputWritten(str(record["job_id"]), int(record["lines"]), int(record.get("ok") or 0),
+                         int(record.get("failed") or 0), int(record.get("tokens_in") or 0),
+                         int(record.get("tokens_out") or 0))
+
+
+def job_ended(record: dict[str, Any]) -> JobEnded | None:
+    """A ``job_event`` from ``jobs.state`` as the dispatcher reads it: only final states end a job
+    there (ADMITTED, RUNNING, PROGRESS and a verdict's REJECTED change nothing for it)."""
+    state = JobState(record["state"])
+    if not state.is_finished or state is JobState.REJECTED:
+        return None
+    return JobEnded(str(record["job_id"]), state, record.get("reason"), int(record["requests_done"]),
+                    int(record["requests_failed"]), int(record["lines_written"]))
 
 
 def cancel(record: dict[str, Any]) -> CancelRequested | None:
@@ -155,6 +169,13 @@ def job_event(j: JobChanged, now: float, output_file: str | None) -> dict[str, A
         "requests_failed": job["failed"], "tokens_in": job["tokens_in"], "tokens_out": job["tokens_out"],
         "deadline_missed": missed, "lines_written": job["lines_written"], "output_file": output_file, "at": ms(now),
     }
+
+
+def job_changed_sends(j: JobChanged, now: float, output_file: Callable[[str, str], str | None]) -> list[Send]:
+    """``job_event_sends`` naming the job's output (``output_file(tenant, job_id)``) once it has
+    requests (a rejected job has none)."""
+    job = j.job
+    return job_event_sends(j, now, output_file(job["tenant"], job["job_id"]) if job["requests_total"] else None)
 
 
 def job_event_sends(j: JobChanged, now: float, output_file: str | None) -> list[Send]:

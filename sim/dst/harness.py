@@ -1,6 +1,7 @@
 """Deterministic simulation testing of the control core (in the spirit of FoundationDB's
-simulation and TigerBeetle's VOPR): the shipped ``ControlCore`` runs against a fake fleet with
-faults injected, every input it gets is logged, and invariants are checked after every event.
+simulation and TigerBeetle's VOPR): the shipped ``ControlCore`` and ``JobTracker`` (``control.py``)
+run against a fake fleet with faults injected, every input they get is logged, and invariants
+are checked after every event.
 
 Life of one run (all randomness from the scenario's seed):
 1. jobs arrive (good ones, infeasible ones, malformed ones) as ``JobSubmitted``; admitted
@@ -8,11 +9,12 @@ Life of one run (all randomness from the scenario's seed):
 2. every 0.25 s the core ticks; its ``Dispatch``es go to the fake fleet, whose answers
    (``KvReady``, ``AttemptFailed``, results) come back through the bus with seeded delays,
    duplicates and reorderings (results keep their order, as one Kafka partition does, but are
-   replayed); the result sink (first line per request wins) sends ``OutputWritten`` receipts;
+   replayed); the result sink (first line per request wins) sends ``OutputWritten`` receipts
+   with the job's output tallies;
 3. faults: pools lost and returning, pools slowed, attempts failing, KV lost, tenants cancelling
    (and strangers trying to), heartbeats every second, profile and path-quality updates;
-4. control-plane restarts: the core is rebuilt from its store (a JSON round trip of the
-   records); the crash may lose the last call's sends or its table writes (with ``write_behind``,
+4. control-plane restarts: the core and the tracker are rebuilt from their store (a JSON round
+   trip of the records); the crash may lose the last call's sends or its table writes (with ``write_behind``,
    the store is written every ``FLUSH_S`` only: a crash loses what changed since), and the
    messages it had read but not committed are delivered again (those of the last ``REDELIVER_S``,
    which covers every message read since the last flush, as the live commit-after-flush does);
@@ -32,6 +34,7 @@ from typing import Any
 from phaseroute.schemas.enums import JobEventKind
 from phaseroute.sim.dst import invariants
 from phaseroute.sim.dst import scenario as sc
+from phaseroute.sim.dst.control import DstControl
 from phaseroute.sim.dst.fleet import FakeFleet
 from phaseroute.sim.dst.invariants import Ledger, Violation
 from phaseroute.sim.dst.store import JournalStore
@@ -100,7 +103,7 @@ class Harness:
         self.pools = sc.fleet(s, self.rng)
         self.fleet = FakeFleet(self.pools, sc.MODEL, s.faults, random.Random(s.seed * 31 + 7))
         self.store = JournalStore()
-        self.core = ControlCore(self.config, self.store, seed=s.seed, write_behind=s.write_behind)
+        self.sut = DstControl(self.config, self.store, seed=s.seed, write_behind=s.write_behind)
         self.log: list[LogEntry] = []
         self.ledger = Ledger()
         self.timeline: list[tuple[float, int, str, Any]] = []
@@ -109,11 +112,16 @@ class Harness:
         self.pending: list[Decision] = []  # the last call's decisions, not sent yet (a crash may lose them)
         self.results_at = 0.0  # results reach the core in order: never before the previous one
         self.lines: dict[str, dict[str, int]] = {}  # job -> request -> lines the sink wrote
+        self.tallies: dict[str, list[int]] = {}  # job -> [lines, ok, failed, tokens in, tokens out] of its output
         self.admitted: dict[str, int] = {}
         self.kinds: dict[str, str] = {}
         self.outcome = Outcome(s.seed, 0, 0, 0, 0, 0, 0, 0.0)
         self.now = 0.0
         self.flushed_at = 0.0
+
+    @property
+    def core(self) -> ControlCore:
+        return self.sut.core
 
     # -- the timeline --------------------------------------------------------------------------
     def _at(self, t: float, kind: str, payload: Any = None) -> None:
@@ -136,7 +144,7 @@ class Harness:
         self.log.append((now, entry))
         self.store.mark()
         before = self.core.dispatch.fair.report()
-        decisions = self.core.tick(now) if entry is None else self.core.handle(entry, now)
+        decisions, hops = self.sut.call(entry, now)
         self.outcome.events += 1
         if isinstance(entry, ResultReceived) and entry.request_id not in self.ledger.ended:
             self.ledger.ended[entry.request_id] = self.ledger.epoch
@@ -145,6 +153,7 @@ class Harness:
             invariants.fair_share(self.core, before)
         if entry is not None and not isinstance(entry, (FleetObserved, ProfilesUpdated)):
             self.recent.append((now, entry))
+        self.recent.extend((now, hop) for hop in hops)
         self.pending = decisions
 
     def _flush_pending(self, now: float) -> None:
@@ -173,7 +182,12 @@ class Harness:
         lines = self.lines.setdefault(job_id, {})
         if rid not in lines:
             lines[rid] = 1
-            self._deliver(OutputWritten(job_id, len(lines)), now)
+            tally = self.tallies.setdefault(job_id, [0, 0, 0, 0, 0])
+            tally[0] += 1
+            tally[1 if ok else 2] += 1
+            tally[3] += tokens_in if ok else 0
+            tally[4] += tokens_out if ok else 0
+            self._deliver(OutputWritten(job_id, *tally), now)
         self._deliver(ResultReceived(rid, job_id, ok, tokens_in, tokens_out), now, ordered=True)
 
     def _maybe_flush(self, now: float) -> None:
@@ -182,7 +196,7 @@ class Harness:
             self.flushed_at = now
             self.log.append((now, Flushed()))
             self.store.mark()
-            self.core.flush()
+            self.sut.flush()
 
     # -- faults of the control plane -----------------------------------------------------------
     def _restart(self, now: float) -> None:
@@ -198,7 +212,7 @@ class Harness:
         self.outcome.restarts += 1
         self.ledger.epoch += 1
         self.store = self.store.reloaded()
-        self.core = ControlCore(self.config, self.store, seed=seed, write_behind=self.s.write_behind)
+        self.sut = DstControl(self.config, self.store, seed=seed, write_behind=self.s.write_behind)
         self._call(FleetObserved(self.fleet.heartbeats(now)), now)
         self._call(ProfilesUpdated(self.table), now)
         self._flush_pending(now)
@@ -301,7 +315,7 @@ class Harness:
         if not self.fleet.calm:
             return False
         for job_id, total in self.admitted.items():
-            job = self.core.jobs.jobs.get(job_id)
+            job = self.sut.tracker.jobs.get(job_id)
             if job is None or not job.state.is_finished or len(self.lines.get(job_id, {})) < total:
                 return False
             if job.finished_requests < total or job.lines_written < total:
@@ -310,7 +324,7 @@ class Harness:
 
     def _check_end(self) -> None:
         for job_id, kind in self.kinds.items():
-            job = self.core.jobs.jobs.get(job_id)
+            job = self.sut.tracker.jobs.get(job_id)
             if kind == "malformed" and job is not None and job.state.name != "REJECTED":
                 raise Violation("bad_job_rejected", f"malformed job {job_id} is {job.state.name}")
-        invariants.at_end(self.core, self.admitted, self.lines)
+        invariants.at_end(self.core, self.sut.tracker.jobs, self.admitted, self.lines)

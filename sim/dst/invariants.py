@@ -22,11 +22,11 @@ At the end, after the fleet recovered and the run drained (liveness):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from phaseroute.schemas.enums import JobState, QualityTier
-from phaseroute.streams.core import ControlCore, Decision, Dispatch, Problem
+from phaseroute.streams.core import ControlCore, Decision, Dispatch, JobRecord, Problem
 from phaseroute.streams.policy import TenantReport
 
 
@@ -93,15 +93,17 @@ def fair_share(core: ControlCore, before: tuple[TenantReport, ...]) -> None:
                                           f"waited at {min(others):.0f} (bound {bound:.0f})")
 
 
-def at_end(core: ControlCore, admitted: dict[str, int], lines: dict[str, dict[str, int]]) -> None:
-    """``admitted``: job -> requests admitted; ``lines``: job -> request id -> lines the sink wrote."""
+def at_end(core: ControlCore, tracked: Mapping[str, JobRecord], admitted: dict[str, int],
+           lines: dict[str, dict[str, int]]) -> None:
+    """``tracked``: the job tracker's jobs; ``admitted``: job -> requests admitted; ``lines``: job ->
+    request id -> lines the sink wrote."""
     for job_id, total in sorted(admitted.items()):
         got = lines.get(job_id, {})
         twice = [rid for rid, n in got.items() if n != 1]
         if len(got) != total or twice:
             raise Violation("every_request_ended", f"job {job_id}: {len(got)} of {total} requests have a line"
                                                    + (f"; {len(twice)} have more than one" if twice else ""))
-        job = core.jobs.jobs.get(job_id)
+        job = tracked.get(job_id)
         if job is None or not job.state.is_finished or job.state is JobState.REJECTED:
             raise Violation("jobs_final", f"job {job_id} is {None if job is None else job.state.name}, not final")
         if job.finished_requests != total or job.lines_written < total:

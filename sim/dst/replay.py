@@ -1,4 +1,4 @@
-"""Replay a deterministic simulation's event log into a fresh core, and shrink a failing log to
+"""Replay a deterministic simulation's event log into a fresh core and tracker, and shrink a failing log to
 the shortest one that still breaks the same invariant (delta debugging over log entries).
 
 The log holds every input the core got (events, ticks as ``None``, restarts with what the crash
@@ -13,24 +13,26 @@ import time
 from collections.abc import Sequence
 
 from phaseroute.sim.dst import invariants
+from phaseroute.sim.dst.control import DstControl
 from phaseroute.sim.dst.harness import Flushed, LogEntry, Restart, Restored
 from phaseroute.sim.dst.invariants import Ledger, Violation
 from phaseroute.sim.dst.store import JournalStore
-from phaseroute.streams.core import ControlCore, CoreConfig, ResultReceived
+from phaseroute.streams.core import CoreConfig, ResultReceived
 
 
 def replay(log: Sequence[LogEntry], config: CoreConfig, seed: int, write_behind: bool = False) -> Violation | None:
     """Feed ``log`` to a new core (writing its store as the run's did); the first safety violation, or None."""
     store = JournalStore()
-    core = ControlCore(config, store, seed=seed, write_behind=write_behind)
+    sut = DstControl(config, store, seed=seed, write_behind=write_behind)
     ledger = Ledger()
     try:
         for now, entry in log:
+            core = sut.core
             if isinstance(entry, Restart):
                 if entry.lost == "writes":
                     store.rollback()
                 store = store.reloaded()
-                core = ControlCore(config, store, seed=entry.seed, write_behind=write_behind)
+                sut = DstControl(config, store, seed=entry.seed, write_behind=write_behind)
                 ledger.epoch += 1
                 continue
             if isinstance(entry, Restored):
@@ -38,10 +40,10 @@ def replay(log: Sequence[LogEntry], config: CoreConfig, seed: int, write_behind:
                 continue
             store.mark()
             if isinstance(entry, Flushed):
-                core.flush()
+                sut.flush()
                 continue
             before = core.dispatch.fair.report()
-            decisions = core.tick(now) if entry is None else core.handle(entry, now)
+            decisions, _ = sut.call(entry, now)
             if isinstance(entry, ResultReceived) and entry.request_id not in ledger.ended:
                 ledger.ended[entry.request_id] = ledger.epoch
             invariants.after_event(core, decisions, ledger, now)

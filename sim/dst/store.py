@@ -1,5 +1,6 @@
 """A store whose last batch of writes can be undone: the harness's model of a crash that lost the
-control core's latest table writes (they were buffered, the sends were not)."""
+control plane's latest table writes (they were buffered, the sends were not). Besides the core's
+three tables it holds ``tracked``, the job tracker's records (live: its changelog)."""
 
 from __future__ import annotations
 
@@ -51,18 +52,23 @@ class JournalStore:
     enabled = True
 
     def __init__(self, jobs: dict[str, Any] | None = None, requests: dict[str, Any] | None = None,
-                 tenants: dict[str, Any] | None = None) -> None:
+                 tenants: dict[str, Any] | None = None, tracked: dict[str, Any] | None = None) -> None:
         self.jobs, self.requests, self.tenants = JournalDict(jobs), JournalDict(requests), JournalDict(tenants)
+        self.tracked = JournalDict(tracked)
+
+    def _tables(self) -> tuple[JournalDict, ...]:
+        return self.jobs, self.requests, self.tenants, self.tracked
 
     def mark(self) -> None:
-        for table in (self.jobs, self.requests, self.tenants):
+        for table in self._tables():
             table.mark()
 
     def rollback(self) -> None:
-        for table in (self.jobs, self.requests, self.tenants):
+        for table in self._tables():
             table.rollback()
 
     def reloaded(self) -> JournalStore:
         copy: dict[str, dict[str, Any]] = json.loads(json.dumps(
-            {"jobs": self.jobs.data, "requests": self.requests.data, "tenants": self.tenants.data}))
-        return JournalStore(copy["jobs"], copy["requests"], copy["tenants"])
+            {"jobs": self.jobs.data, "requests": self.requests.data, "tenants": self.tenants.data,
+             "tracked": self.tracked.data}))
+        return JournalStore(copy["jobs"], copy["requests"], copy["tenants"], copy["tracked"])

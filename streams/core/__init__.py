@@ -20,6 +20,7 @@ from .events import (
     Event,
     FleetObserved,
     JobAdmitted,
+    JobEnded,
     JobSubmitted,
     KvReady,
     OutputWritten,
@@ -31,6 +32,7 @@ from .events import (
 )
 from .state import Attempt, JobRecord, RequestState, RequestStatus
 from .store import CoreStore, DictStore, NullStore
+from .tracker import JobTracker
 
 __all__ = [
     "Attempt",
@@ -47,6 +49,8 @@ __all__ = [
     "FleetObserved",
     "Forget",
     "JobAdmitted",
+    "JobEnded",
+    "JobTracker",
     "JobChanged",
     "JobRecord",
     "JobSubmitted",

@@ -12,12 +12,12 @@ passed in):
    with a reason a user can act on;
 3. an admitted job's requests become ``QueueRequest`` decisions (for ``requests.pending``) and a
    ``JobChanged`` says ADMITTED.
-The verdict's ``job`` is what the tracker takes (``JobBook.take``): the control core calls
-``judge`` with its own backlog and takes the job at once (the simulator, one process); the live
+The verdict's ``job`` is what the job's tracker (``tracker.JobTracker``) and the dispatcher's
+backlog (``jobs.JobBacklog``) take: the control core calls ``judge`` with its own backlog and
+takes the job at once (the simulator, one process, hands the verdict to its tracker); the live
 admission desks (``streams/admission_desk.py``, partitioned by job across control-plane
 instances) call it with the dispatcher's published load snapshot (its backlog and its fleet
-rate per model) and send the job to the
-tracker on ``jobs.admissions``.
+rate per model) and send the job on ``jobs.admissions``, where both read it.
 """
 
 from __future__ import annotations

@@ -49,6 +49,10 @@ class CoreConfig:
     """A result, receipt or cancel of a job whose verdict the tracker has not read yet waits this
     long for it (in memory): the admission desk sends the verdict before the job's requests, but
     the tracker reads ``jobs.admissions`` apart from the other topics."""
+    finished_job_ttl_s: float = 3600.0
+    """A job tracker keeps a finished job whose output is whole this long (a late receipt or
+    cancel finds it finished), then drops it and tombstones its changelog record: a tracker's
+    state grows with the jobs of the last hour, not with history."""
     slots_per_worker: int = 1
     """Dispatched-but-unfinished requests per row of a worker's batch (backpressure)..."""
     kv_in_flight_factor: float = 1.5
@@ -89,6 +93,7 @@ class CoreConfig:
         _checks.at_least(owner, "forget_per_step", self.forget_per_step, 1)
         _checks.at_least(owner, "slots_per_worker", self.slots_per_worker, 1)
         _checks.positive(owner, "early_event_ttl_s", self.early_event_ttl_s)
+        _checks.positive(owner, "finished_job_ttl_s", self.finished_job_ttl_s)
         _checks.positive(owner, "kv_in_flight_factor", self.kv_in_flight_factor)
         _checks.positive(owner, "failure_window_s", self.failure_window_s)
         _checks.positive(owner, "unplaced_backoff_s", self.unplaced_backoff_s)

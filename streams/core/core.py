@@ -1,27 +1,30 @@
-"""The control core: one pure, typed state machine that both the live control plane and the
-simulator drive. Events in, decisions out; no Kafka, no Faust, no clock (``now`` is passed in).
+"""The dispatching half of the control core: one pure, typed state machine that both the live
+control plane and the simulator drive. Events in, decisions out; no Kafka, no Faust, no clock
+(``now`` is passed in). Its other half, the job tracker (``tracker.JobTracker``), runs
+partitioned by job id beside it.
 
-Life of a job through the core:
-``JobSubmitted`` -> admission (``admission.judge``) -> ``QueueRequest`` per request, ``JobChanged``,
-and the tracker (``jobs.JobBook``) takes the job; or, when admission ran elsewhere (the live
-admission desks), ``JobAdmitted`` -> the tracker takes the desk's verdict;
-``RequestQueued`` -> the fair queues (``dispatcher.Dispatcher``); ``tick`` -> expiries, due
-back-offs, dead pools, stragglers (``recovery``), then release + routing -> ``Dispatch``;
-``KvReady`` / ``AttemptFailed`` / ``ResultReceived`` move requests on (retries, give-ups ->
-``FailRequest``); ``OutputWritten`` completes a job once its output is whole -> ``Forget``.
-``FleetObserved`` / ``ProfilesUpdated`` / ``TenantsUpdated`` refresh what the decisions read.
+Life of a request through the core:
+``JobAdmitted`` (an admission desk's verdict) -> the job joins the admission backlog
+(``jobs.JobBacklog``); in one process (the simulator) ``JobSubmitted`` -> ``admission.judge``
+-> ``QueueRequest`` per request and ``JobChanged``; ``RequestQueued`` -> the fair queues
+(``dispatcher.Dispatcher``); ``tick`` -> due back-offs, dead pools, stragglers (``recovery``),
+then release + routing -> ``Dispatch``; ``KvReady`` / ``AttemptFailed`` / ``ResultReceived``
+move requests on (retries, give-ups -> ``FailRequest``); ``JobEnded`` (the tracker's final
+state of the job) fails the open requests of a cancelled or expired job and, once the job's
+output is whole, forgets its requests -> ``Forget``. ``FleetObserved`` / ``ProfilesUpdated`` /
+``TenantsUpdated`` refresh what the decisions read.
 
 One bad event never stops the core: an exception while handling an event becomes a ``Problem``
 decision (the shell logs it and dead-letters the event) and the core goes on; an exception
 while placing one request in a tick fails that attempt (``Dispatcher.internal_error``). After
 each event and each tick the changed jobs, requests and tenant counters are written to the
 store, from which ``restore`` rebuilds a core after a restart. With ``write_behind`` they are
-written only when the driver calls ``flush``: a job's counters change with every result and a
-request passes through several states between two flushes, so the store gets one write where it
-got several. That is safe for a driver that commits the events it read only after a ``flush``
-(the Faust shell flushes before every offset commit, and every second): a crash loses only state
-that the events read again rebuild, or that a tick decides again (a dispatch not written goes
-again with the same attempt id; an expiry or a forget not written happens again).
+written only when the driver calls ``flush``: a request passes through several states between
+two flushes, so the store gets one write where it got several. That is safe for a driver that
+commits the events it read only after a ``flush`` (the Faust shell flushes before every offset
+commit, and every second): a crash loses only state that the events read again rebuild, or that
+a tick decides again (a dispatch not written goes again with the same attempt id; a forget not
+written happens again).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from phaseroute.schemas.enums import JobEventKind, JobState
+from phaseroute.schemas.enums import JobState
 from phaseroute.streams.policy import FleetRate, Phase, RequestWork, fleet_rate
 
 from . import recovery, restoring
@@ -45,17 +48,19 @@ from .events import (
     Event,
     FleetObserved,
     JobAdmitted,
+    JobEnded,
     JobSubmitted,
     KvReady,
-    OutputWritten,
     ProfilesUpdated,
     RequestQueued,
     ResultReceived,
     TenantsUpdated,
 )
-from .jobs import JobBook, changed, output_whole
-from .state import JobRecord, RequestState, RequestStatus
+from .jobs import JobBacklog
+from .state import JobRecord, RequestState
 from .store import CoreStore, NullStore
+
+_ENDS = {JobState.CANCELLED: "cancelled", JobState.EXPIRED: "expired"}  # final states that fail open requests
 
 
 class ControlCore:
@@ -64,18 +69,16 @@ class ControlCore:
         self.config = config
         self.store: CoreStore = store if store is not None else NullStore()
         self.write_behind = write_behind  # the store is written by ``flush`` only
-        self.jobs = JobBook(config)
+        self.jobs = JobBacklog(config)
         self.dispatch = Dispatcher(config, random.Random(seed))
         self.quotas = dict(config.quotas)
         self._tenants_saved: dict[str, tuple[float, float]] = {}
         self._serving: frozenset[tuple[str, frozenset[Phase], frozenset[str]]] = frozenset()
         self._forgetting: deque[tuple[str, list[str]]] = deque()  # finished jobs' requests still to forget
-        # events of a job whose verdict the tracker has not read yet (its requests came first), by job
-        self._early: dict[str, list[tuple[float, ResultReceived | OutputWritten | CancelRequested]]] = {}
         self.admissions_through = 0.0  # the latest verdict time among the desks' verdicts taken
         self._handlers: dict[type, Callable[[Any, float], list[Decision]]] = {
             JobSubmitted: self._submitted, JobAdmitted: self._admitted, RequestQueued: self._queued, KvReady: self._kv_ready,
-            ResultReceived: self._result, AttemptFailed: self._attempt_failed, OutputWritten: self._output_written,
+            ResultReceived: self._result, AttemptFailed: self._attempt_failed, JobEnded: self._job_ended,
             CancelRequested: self._cancel, FleetObserved: self._fleet, ProfilesUpdated: self._profiles,
             TenantsUpdated: self._tenants,
         }
@@ -99,8 +102,7 @@ class ControlCore:
         (at most ``max_releases_per_tick``: see ``more_to_release``)."""
         out: list[Decision] = []
         steps: tuple[tuple[str, Callable[[float], list[Decision] | None]], ...] = (
-            ("forget", lambda t: self._forget_some()), ("early", self._drop_stale_early),
-            ("expire", self._expire), ("backoff", lambda t: recovery.requeue_due(self.dispatch, t)),
+            ("forget", lambda t: self._forget_some()), ("backoff", lambda t: recovery.requeue_due(self.dispatch, t)),
             ("dead pools", lambda t: recovery.redispatch_dead_pools(self.dispatch, t)),
             ("stragglers", lambda t: recovery.speculate(self.dispatch, t)), ("release", self.dispatch.release),
         )
@@ -131,47 +133,22 @@ class ControlCore:
     def _admitted(self, ev: JobAdmitted, now: float) -> list[Decision]:
         """A desk's verdict; a replay of one taken already (same or older submission) changes nothing."""
         self.admissions_through = max(self.admissions_through, ev.at)
-        known = self.jobs.jobs.get(ev.job.job_id)
-        if known is not None and known.submissions >= ev.job.submissions:
-            return []
         return self._take(ev.job, now)
 
     def _take(self, job: JobRecord, now: float) -> list[Decision]:
-        """The tracker takes a judged job. Its requests may have come first (the desk sends the
-        verdict before them, but the tracker reads the two topics apart): the ones that ended
-        leave its backlog, and the results, receipts and cancels that found no job are applied now."""
-        self.jobs.take(job)
-        if job.state is not JobState.ADMITTED:
+        """The backlog takes a judged job. Its requests may have come first (the desk sends the
+        verdict before them, but the dispatcher reads the two topics apart): the ones that
+        ended leave its backlog at once."""
+        if not self.jobs.take(job) or job.state is not JobState.ADMITTED:
             return []
         for rid in self.dispatch.by_job.get(job.job_id, ()):
             state = self.dispatch.requests[rid]
             if not state.status.is_open:
                 self.jobs.on_request_closed(job.job_id, state.work.prompt_tokens, state.work.max_output_tokens)
-        out: list[Decision] = []
-        for _, early in self._early.pop(job.job_id, []):
-            if isinstance(early, ResultReceived):
-                out += self.jobs.on_result(job.job_id, early.ok, early.prompt_tokens, early.completion_tokens, now)
-            else:
-                out += self._handlers[type(early)](early, now)
-        return out + self._forget_if_whole(job.job_id)
-
-    def _wait_for_job(self, job_id: str, event: ResultReceived | OutputWritten | CancelRequested, now: float) -> bool:
-        """True when ``job_id`` has no verdict here yet: the event waits for it (in memory, up to
-        ``early_event_ttl_s``; a job id that never comes was no job of this deployment)."""
-        if job_id in self.jobs.jobs:
-            return False
-        self._early.setdefault(job_id, []).append((now, event))
-        return True
-
-    def _drop_stale_early(self, now: float) -> list[Decision]:
-        cutoff = now - self.config.early_event_ttl_s
-        for job_id in [j for j, events in self._early.items() if events[0][0] < cutoff]:
-            del self._early[job_id]
         return []
 
     def _queued(self, ev: RequestQueued, now: float) -> list[Decision]:
-        job = self.jobs.jobs.get(ev.job_id)
-        if job is not None and job.state.is_finished and output_whole(job):
+        if self.jobs.is_whole(ev.job_id):
             return []  # a replay: every request of the job ended (and was forgotten)
         return self._closing(self.dispatch.queue(ev, now, self.job_is_open(ev.job_id)))
 
@@ -196,63 +173,42 @@ class ControlCore:
         return []
 
     def _result(self, ev: ResultReceived, now: float) -> list[Decision]:
+        """A request's first result ends it (a later one, a copy or a replay, changes nothing); a
+        request of a job whose output is whole already is forgotten at once."""
         closed = self.dispatch.result(ev, now)
         if closed is None:
             return []
         if closed.tenant == self.config.canary_tenant:  # a drift canary belongs to no job: done with at once
             self.dispatch.forget(ev.request_id)
             return []
-        if self._wait_for_job(closed.job_id, ev, now):
-            return []
         if closed.was_open:
             self.jobs.on_request_closed(closed.job_id, closed.prompt_tokens, closed.max_tokens)
-        out = self.jobs.on_result(closed.job_id, closed.ok, ev.prompt_tokens, ev.completion_tokens, now)
-        return out + self._forget_if_whole(closed.job_id)
+        if self.jobs.is_whole(closed.job_id):
+            self.dispatch.forget(ev.request_id)
+            return [Forget(closed.job_id, (ev.request_id,))]
+        return []
 
     def _attempt_failed(self, ev: AttemptFailed, now: float) -> list[Decision]:
         return self._closing(self.dispatch.attempt_failed(ev, now))
 
-    def _output_written(self, ev: OutputWritten, now: float) -> list[Decision]:
-        if self._wait_for_job(ev.job_id, ev, now):
-            return []
-        self._reconcile(ev.job_id, ev.lines)
-        return self.jobs.on_output_written(ev.job_id, ev.lines, now) + self._forget_if_whole(ev.job_id)
-
-    def _reconcile(self, job_id: str, lines: int) -> None:
-        """The sink wrote every line but the job counted fewer results (a result whose handling
-        broke half-way): recount from the requests' own states, which are the truth. Only a
-        receipt of the whole output asks: the sink is ahead of the control plane's results
-        whenever the control plane has a backlog, and a recount is a pass over the job's requests
-        (a pass on every receipt took half the control plane's time on a 50,000-request job)."""
-        job = self.jobs.jobs.get(job_id)
-        ids = self.dispatch.by_job.get(job_id)
-        if job is None or not ids or lines <= job.finished_requests or lines < job.requests_total:
-            return
-        states = [self.dispatch.requests[rid].status for rid in ids]
-        done = sum(s is RequestStatus.DONE for s in states)
-        failed = sum(s is RequestStatus.FAILED for s in states)
-        if done + failed > job.finished_requests:
-            job.done, job.failed = done, failed
-            self.jobs.dirty.add(job_id)
-
     def _cancel(self, ev: CancelRequested, now: float) -> list[Decision]:
-        job = self.jobs.cancel(ev.job_id, ev.tenant, ev.reason, now)
-        if job is None and ev.tenant == self.config.canary_tenant:  # canaries belong to no job record
-            return self.dispatch.withdraw_queued(ev.job_id, f"withdrawn: {ev.reason}", "canary_withdrawn", now)
-        if job is None and self._wait_for_job(ev.job_id, ev, now):
+        """A drift canary round's cancel: its canaries still queued are withdrawn. A tenant's job
+        is cancelled by its tracker, whose final state comes back as ``JobEnded``."""
+        if ev.tenant != self.config.canary_tenant:
             return []
-        if job is None:
-            return []  # unknown, another tenant's, or already finished: nothing changes
-        out: list[Decision] = [changed(job, JobEventKind.CANCELLED, ev.reason)]
-        out += self._closing(self.dispatch.fail_job(job.job_id, f"cancelled: {ev.reason}", "batch_cancelled", now))
-        return out + self._forget_if_whole(job.job_id)
+        return self.dispatch.withdraw_queued(ev.job_id, f"withdrawn: {ev.reason}", "canary_withdrawn", now)
 
-    def _expire(self, now: float) -> list[Decision]:
+    def _job_ended(self, ev: JobEnded, now: float) -> list[Decision]:
+        """The tracker's final state of a job: a CANCELLED or EXPIRED one fails its open requests
+        (the first time it says so); one whose output is whole has its requests forgotten."""
+        known = self.jobs.jobs.get(ev.job_id)
+        before = known.state if known is not None else None
+        self.jobs.end(ev)
         out: list[Decision] = []
-        for job in self.jobs.due_expiry(now):
-            out.append(changed(job, JobEventKind.EXPIRED, job.reason))
-            out += self._closing(self.dispatch.fail_job(job.job_id, f"expired: {job.reason}", "batch_expired", now))
-        return out
+        if ev.state in _ENDS and before is not ev.state:
+            what = _ENDS[ev.state]
+            out += self._closing(self.dispatch.fail_job(ev.job_id, f"{what}: {ev.reason}", f"batch_{what}", now))
+        return out + self._forget_if_whole(ev.job_id)
 
     def _fleet(self, ev: FleetObserved, now: float) -> list[Decision]:
         """The pools as heartbeats say now. When the set of pools that can serve changes (one
@@ -290,13 +246,19 @@ class ControlCore:
         return out
 
     def _forget_if_whole(self, job_id: str) -> list[Decision]:
-        """A job whose output is whole is done with: its requests leave the state and the store,
-        ``forget_per_step`` now and as many on each tick after (``_forget_some``). Until then a
-        late event of one finds it finished, as it would find it gone."""
-        job = self.jobs.jobs.get(job_id)
-        if job is None or not job.state.is_finished or not output_whole(job):
+        """A job whose output is whole is done with: its finished requests leave the state and the
+        store, ``forget_per_step`` now and as many on each tick after (``_forget_some``); one
+        whose result this dispatcher has not read yet (a failing one may still have attempts
+        running) goes when it is read (``_result``). Until
+        then a late event of one finds it finished, as it would find it gone."""
+        ids_of_job = self.dispatch.by_job.get(job_id)
+        if not ids_of_job or not self.jobs.is_whole(job_id):
             return []
-        ids = self.dispatch.by_job.pop(job_id, set())
+        requests = self.dispatch.requests
+        ids = {rid for rid in ids_of_job if requests[rid].status.is_finished}
+        ids_of_job -= ids
+        if not ids_of_job:
+            del self.dispatch.by_job[job_id]
         if not ids:
             return []
         self._forgetting.append((job_id, sorted(ids, reverse=True)))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from phaseroute.schemas.enums import Phase, QualityTier
+from phaseroute.schemas.enums import JobState, Phase, QualityTier
 from phaseroute.streams.policy import FailureKind, FairConfig, PoolState, ProfileTable, TenantQuota
 
 from .state import JobRecord
@@ -104,10 +104,16 @@ class AttemptFailed:
 
 @dataclass(frozen=True, slots=True)
 class OutputWritten:
-    """The result sink's receipt: ``lines`` distinct lines of the job's output are durable."""
+    """The result sink's receipt: ``lines`` distinct lines of the job's output are durable, ``ok``
+    of them results and ``failed`` errors, with ``tokens_in``/``tokens_out`` in their usage (the
+    exact tallies of the output, which the job's counters are taken from)."""
 
     job_id: str
     lines: int
+    ok: int
+    failed: int
+    tokens_in: int
+    tokens_out: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +121,20 @@ class CancelRequested:
     job_id: str
     tenant: str
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobEnded:
+    """A job's final state as its tracker published it (``jobs.state``): the dispatcher fails the
+    open requests of a CANCELLED or EXPIRED job, and forgets the requests of a job whose output
+    is whole (``lines_written`` covers every request). Non-final states are not sent."""
+
+    job_id: str
+    state: JobState
+    reason: str | None
+    done: int
+    failed: int
+    lines_written: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,4 +159,4 @@ class TenantsUpdated:
 
 
 Event = (JobSubmitted | JobAdmitted | RequestQueued | KvReady | ResultReceived | AttemptFailed | OutputWritten | CancelRequested
-         | FleetObserved | ProfilesUpdated | TenantsUpdated)
+         | JobEnded | FleetObserved | ProfilesUpdated | TenantsUpdated)

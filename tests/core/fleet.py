@@ -11,6 +11,8 @@ from phaseroute.streams.core import (
     Dispatch,
     FailRequest,
     FleetObserved,
+    JobAdmitted,
+    JobRecord,
     JobSubmitted,
     OutputWritten,
     ProfilesUpdated,
@@ -18,6 +20,7 @@ from phaseroute.streams.core import (
     QueueRequest,
     ResultReceived,
 )
+from phaseroute.streams.core.one_process import OneProcessControl
 from phaseroute.streams.policy import CurvePoint, ModelSpec, PoolState, ProfileRow, ProfileSource, ProfileTable
 
 MODEL = "m"
@@ -59,26 +62,55 @@ def admit(c: ControlCore, ev: JobSubmitted, now: float) -> list:
     return out
 
 
-def run_to_completion(c: ControlCore, job_id: str, now: float, steps: int = 200, pending: list | None = None) -> float:
-    """Tick, and answer every dispatch with a result and the sink's receipt, until the job is final
-    (``pending``: decisions already made, answered first)."""
+class Sink:
+    """The result sink: the first result per request is a line; receipts carry the tallies."""
+
+    def __init__(self) -> None:
+        self.lines: dict[str, dict[str, ResultReceived]] = {}  # job id -> request id -> its line
+
+    def write(self, r: ResultReceived) -> None:
+        self.lines.setdefault(r.job_id, {}).setdefault(r.request_id, r)
+
+    def receipt(self, job_id: str) -> OutputWritten:
+        lines = list(self.lines.get(job_id, {}).values())
+        ok = [r for r in lines if r.ok]
+        return OutputWritten(job_id, len(lines), len(ok), len(lines) - len(ok), sum(r.prompt_tokens for r in ok),
+                             sum(r.completion_tokens for r in ok))
+
+
+def control_of(c: ControlCore | OneProcessControl, job_id: str, now: float) -> OneProcessControl:
+    """``c`` with a job tracker beside it; for a bare core, one that took the verdict the core's
+    backlog holds (as a live tracker does from ``jobs.admissions``)."""
+    if isinstance(c, OneProcessControl):
+        return c
+    control = OneProcessControl(c)
+    if job_id in c.jobs.jobs:
+        control.tracker.handle(JobAdmitted(JobRecord.from_record(c.jobs.jobs[job_id].to_record()), now), now)
+    return control
+
+
+def run_to_completion(c: ControlCore | OneProcessControl, job_id: str, now: float, steps: int = 200,
+                      pending: list | None = None) -> float:
+    """Tick, and answer every dispatch with a result and the sink's receipt, until the job's
+    tracker says it is final (``pending``: decisions already made, answered first)."""
+    control = control_of(c, job_id, now)
+    core, sink = control.core, Sink()
     results: list[ResultReceived] = [ResultReceived(d.work.request_id, d.work.job_id, False, d.work.prompt_tokens, 0)
                                      for d in pending or () if isinstance(d, FailRequest)]
-    lines: set[str] = set()
     for _ in range(steps):
         now += 0.25
-        c.handle(FleetObserved(tuple(pool(n, now) for n in sorted(c.dispatch.fleet._observed))), now)
-        for d in c.tick(now):
+        core.handle(FleetObserved(tuple(pool(n, now) for n in sorted(core.dispatch.fleet._observed))), now)
+        for d in control.tick(now):
             if isinstance(d, Dispatch):
                 results.append(ResultReceived(d.work.request_id, d.work.job_id, True, d.work.prompt_tokens, 8))
             elif isinstance(d, FailRequest):
                 results.append(ResultReceived(d.work.request_id, d.work.job_id, False, d.work.prompt_tokens, 0))
         for r in results:  # the sink writes each first result, the core reads them
-            lines.add(r.request_id)
-            c.handle(r, now)
+            sink.write(r)
+            control.handle(r, now)
         results.clear()
-        c.handle(OutputWritten(job_id, len(lines)), now)
-        record = c.jobs.jobs[job_id]
+        control.handle(sink.receipt(job_id), now)
+        record = control.tracker.jobs[job_id]
         if record.state.is_finished:
             return now
-    raise AssertionError(f"job {job_id} is still {c.jobs.jobs[job_id].state.name}")
+    raise AssertionError(f"job {job_id} is still {control.tracker.jobs[job_id].state.name}")

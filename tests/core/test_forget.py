@@ -1,5 +1,6 @@
 """A finished job's requests leave the core's state and its store in slices of
-``forget_per_step``: the event that completes the job forgets one slice, each tick after one more,
+``forget_per_step``: the event that says the job's output is whole (its tracker's final state,
+``JobEnded``) forgets one slice, each tick after one more,
 so forgetting a large job never holds the control plane's event loop for long. A restart finishes
 what a stop left unforgotten."""
 
@@ -7,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from phaseroute.streams.core import ControlCore, CoreConfig, Dispatch, FleetObserved, Forget, OutputWritten, ProfilesUpdated, ResultReceived
+from phaseroute.schemas.enums import JobState
+from phaseroute.streams.core import ControlCore, CoreConfig, Dispatch, FleetObserved, Forget, JobEnded, ProfilesUpdated, ResultReceived
 from phaseroute.streams.policy import ModelSpec
 
 from .fleet import MODEL, admit, core, job, pool, table
@@ -25,12 +27,17 @@ def _finish_all_but_the_receipt(c: ControlCore, job_id: str, n: int, now: float)
     return now
 
 
+def _completed_whole(job_id: str, n: int) -> JobEnded:
+    """The tracker's word that the job is COMPLETED with a line for each of its ``n`` requests."""
+    return JobEnded(job_id, JobState.COMPLETED, None, n, 0, n)
+
+
 def _whole(job_id: str, n: int, per_step: int, now: float) -> tuple[ControlCore, float]:
     """A core whose job of ``n`` requests has every result read and its whole output written."""
     c = core(now, forget_per_step=per_step)
     admit(c, job(job_id, n, now), now)
     now = _finish_all_but_the_receipt(c, job_id, n, now)
-    c.handle(OutputWritten(job_id, n), now)
+    c.handle(_completed_whole(job_id, n), now)
     return c, now
 
 
@@ -41,7 +48,7 @@ def test_a_finished_job_is_forgotten_a_slice_per_tick() -> None:
     now = _finish_all_but_the_receipt(c, "big", 10, now)
     assert len(c.store.requests) == 10
 
-    completing = c.handle(OutputWritten("big", 10), now)
+    completing = c.handle(_completed_whole("big", 10), now)
     assert c.jobs.jobs["big"].state.name == "COMPLETED"
     slices = [d.request_ids for d in completing if isinstance(d, Forget)]
     assert [len(s) for s in slices] == [4] and len(c.store.requests) == 6  # tombstones for the slice only

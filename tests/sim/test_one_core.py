@@ -18,9 +18,9 @@ from phaseroute.streams.core import (
     FailRequest,
     FleetObserved,
     JobChanged,
+    JobEnded,
     JobSubmitted,
     KvReady,
-    OutputWritten,
     ProfilesUpdated,
     RequestQueued,
     ResultReceived,
@@ -72,8 +72,10 @@ def as_record(event: Any) -> tuple[str, dict[str, Any]] | None:
         return "attempt_failed", {"request_id": event.request_id, "attempt": event.attempt_number, "pool": event.pool,
                                   "phase": event.phase.value, "error_class": "WorkerDeath", "error": event.detail,
                                   "retryable": True}
-    if isinstance(event, OutputWritten):
-        return "output_written", {"job_id": event.job_id, "lines": event.lines, "path": "", "writer": "", "at": 0}
+    if isinstance(event, JobEnded):  # the tracker's final state of the job, as jobs.state carries it
+        return "job_event", {"job_id": event.job_id, "state": event.state.value, "reason": event.reason,
+                             "requests_done": event.done, "requests_failed": event.failed,
+                             "lines_written": event.lines_written}
     if isinstance(event, JobSubmitted):
         return "job_submitted", {"job_id": event.job_id, "tenant": event.tenant, "model": event.model,
                                  "priority": event.priority, "submitted_at": ms(event.submitted_at),
