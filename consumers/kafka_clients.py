@@ -76,10 +76,12 @@ class TrackedProducer:
             self._failures.append(f"{msg.topic()}[{msg.partition()}] refused a record of {size:,} bytes: {err.str()}"
                                   + _hint(err.code()))
 
-    def produce(self, topic: str, key: str | bytes | None, value: bytes) -> None:
+    def produce(self, topic: str, key: str | bytes | None, value: bytes | None, partition: int | None = None) -> None:
+        """Send ``value`` (None: a tombstone); ``partition`` None: the key's murmur2 hash picks it."""
+        placed = -1 if partition is None else partition  # -1: librdkafka's "unassigned", the partitioner decides
         while True:
             try:
-                self._producer.produce(topic, value=value, key=key, on_delivery=self._on_delivery)
+                self._producer.produce(topic, value=value, key=key, partition=placed, on_delivery=self._on_delivery)
                 self._pending[topic] += 1
                 break
             except BufferError:  # local queue full: let deliveries drain, then retry
@@ -87,7 +89,7 @@ class TrackedProducer:
             except KafkaException as exc:  # refused before sending (too large for the client, unknown topic...)
                 err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
                 reason = err.str() if err is not None else str(exc)
-                raise DeliveryError(f"{topic}: a record of {len(value):,} bytes was not sent: {reason}"
+                raise DeliveryError(f"{topic}: a record of {len(value or b''):,} bytes was not sent: {reason}"
                                     + (_hint(err.code()) if err is not None else "")) from None
         self._producer.poll(0)
 

@@ -108,6 +108,8 @@ CONTROL_LEASE = "control.lease"
 JOBS_ADMISSIONS = "jobs.admissions"
 CONTROL_LOAD = "control.load"
 ADMISSION_GROUP = "phaseroute-admission"  # the admission desks' consumer group on jobs.submitted
+TRACKING_GROUP = "phaseroute-tracking"  # the job trackers' consumer group (streams/tracking_loop.py)
+TRACKING_CHANGELOG = "phaseroute-tracking-changelog"
 
 
 def prefill_topic(pool: str) -> str:
@@ -178,6 +180,11 @@ CHANGELOG_TOPICS: tuple[TopicSpec, ...] = tuple(
     _control(changelog_topic(t), "faust-json", "table key", f"Changelog of the control plane's {t!r} table (Faust).",
              compacted=True)  # the default retention, as Faust creates it (a compact-only topic never applies it)
     for t in CONTROL_TABLES
+) + (
+    _control(TRACKING_CHANGELOG, "json", "job_id",
+             "The job trackers' state (compacted): each job's latest JobRecord as JSON, on the partition of its "
+             "job id; the tracker given a partition reads it back before it reads that partition's inputs.",
+             compacted=True),
 )
 
 POOL_TOPIC_TEMPLATES: dict[str, tuple[str, str]] = {

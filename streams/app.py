@@ -3,16 +3,19 @@
 Life of a job through the agents (each hands its record to ``ControlShell``, which asks the
 pure ``ControlCore`` and returns what to send):
 - admission runs before, at the admission desks of every instance (``admitter.py``, partitioned
-  by job id): ``admitted`` on ``jobs.admissions`` -> the tracker takes each desk's verdict; the
+  by job id): ``admitted`` on ``jobs.admissions`` -> the dispatcher's backlog takes each desk's verdict; the
   ``publish_load`` timer (every second) sends the dispatcher's load snapshot the desks judge
   against to ``control.load``;
 - ``pending`` on ``requests.pending`` -> the fair queues (the text goes to the ``prompts`` table);
 - the ``dispatch`` timer (every ``tick_s``) -> ``prefill.<pool>`` work, retries, speculative
   copies, work of dead pools placed again, expiries;
 - ``kv_ready``, ``result``, ``attempt_failed`` on ``kv.ready``, ``results``, ``attempts.failed``;
-  ``output_written`` on ``results.written`` (the sink's receipts) -> completion once the output is
-  whole; ``cancel`` on ``jobs.commands``; ``canary_result`` on ``canary.results`` (the drift
-  monitor's canaries, released by the fair scheduler like any tenant's work, end there).
+  ``job_ended`` on ``jobs.state``: a job's final state from its tracker (``tracking_loop.py``,
+  partitioned by job id across the instances, which takes the sink's receipts and cancels and
+  completes or expires jobs) -> a cancelled or expired job's open requests fail, a whole job's
+  requests are forgotten; ``cancel`` on ``jobs.commands`` (a drift canary round's withdrawal);
+  ``canary_result`` on ``canary.results`` (the drift monitor's canaries, released by the fair
+  scheduler like any tenant's work, end there).
 Undecodable records, and records the core could not handle, go to ``deadletter`` with the
 reason; an exception in an agent or in the timer is logged and dead-lettered and the agent goes
 on (Faust would otherwise ack the event silently, or stop the app from a timer). The core's
@@ -23,8 +26,8 @@ rebuilds the core from them, without blocking the event loop while the profile a
 catch up. One dispatcher at a time: this app runs only in the instance that holds the control
 lease (``infra/control_lease.py``, started by ``phaseroute control``), and a standby takes over
 from these same tables when it dies, warm: it kept a copy of them (``warm_tables.py``).
-Admission is partitioned across the instances; tracking (results, receipts, completion) still
-runs here, beside the dispatcher.
+Admission and job tracking are partitioned across the instances; the requests' attempts
+(results, KV ready, failures, retries) are followed here, beside the dispatcher.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ _INPUTS = (
     (topics.JOBS_ADMISSIONS, "job_admission", "admitted"),
     (topics.REQUESTS_PENDING, "request", "pending"), (topics.KV_READY, "kv_ready", "kv_ready"),
     (topics.RESULTS, "result", "result"), (topics.ATTEMPTS_FAILED, "attempt_failed", "attempt_failed"),
-    (topics.RESULTS_WRITTEN, "output_written", "output_written"), (topics.JOBS_COMMANDS, "job_command", "cancel"),
+    (topics.JOBS_STATE, "job_event", "job_ended"), (topics.JOBS_COMMANDS, "job_command", "cancel"),
     (topics.CANARY_RESULTS, "result", "canary_result"),
 )
 

@@ -4,9 +4,10 @@ Life of a job through the shell (the Faust app in ``app.py`` only moves records 
 and these methods, and persists the mappings it is given):
 - admission ran before, at an admission desk (``admission_desk.py``, partitioned by job across
   the instances): ``on_record`` turns its verdict from ``jobs.admissions`` into ``JobAdmitted``
-  and the core's tracker takes the job; ``load`` is the dispatcher's load snapshot the desks
+  and the dispatcher's backlog takes the job; ``load`` is the dispatcher's load snapshot the desks
   judge the next jobs against;
-- ``on_record`` turns every other record into its core event (``edge.py``); a request read back
+- ``on_record`` turns every other record into its core event (``edge.py``; a job's final state
+  from ``jobs.state``, where its tracker publishes it, becomes ``JobEnded``); a request read back
   from ``requests.pending`` leaves its text and sampling in ``prompts`` — the only place the text
   is kept — and ``Dispatch`` decisions read it from there to build ``prefill.<pool>`` work. The
   drift monitor's canaries come the same way (tenant ``_canary``, pinned to the path they
@@ -62,7 +63,7 @@ SERVICE = "control"
 
 _EVENTS: dict[str, Callable[[dict[str, Any]], Event | None]] = {
     "kv_ready": edge.kv_ready, "result": edge.result, "attempt_failed": edge.attempt_failed,
-    "output_written": edge.output_written, "job_command": edge.cancel, "job_admission": job_admitted,
+    "job_event": edge.job_ended, "job_command": edge.cancel, "job_admission": job_admitted,
 }
 
 
@@ -127,8 +128,7 @@ class ControlShell:
                 topic = topics.CANARY_RESULTS if d.work.tenant == self.core.config.canary_tenant else topics.RESULTS
                 out.append(Send(topic, d.work.job_id, "result", edge.failed_result(d, now)))
             elif isinstance(d, JobChanged):
-                output = self.output_file(d.job["tenant"], d.job["job_id"]) if d.job["requests_total"] else None
-                out += edge.job_event_sends(d, now, output)
+                out += edge.job_changed_sends(d, now, self.output_file)
             elif isinstance(d, Forget):
                 for rid in d.request_ids:
                     self.prompts.pop(rid, None)

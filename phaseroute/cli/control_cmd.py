@@ -2,13 +2,15 @@
 
 Life of an instance: it starts its admission desk (``streams/admitter.py``: it judges the
 submitted jobs of the ``jobs.submitted`` partitions the admission group gives it, active or
-standby alike) and its copy of the control tables (``streams/warm_tables.py``: a hot standby),
-joins the control lease (``infra/control_lease.py``) and waits as a standby while another
-instance holds it; once it holds the lease it hands its table copy over, reads the tenant
-registry, builds the Faust app (``streams/app.py``: fair scheduler, router, tracker) and runs it
-until SIGTERM, then leaves the lease so a standby takes over at once. Should it lose the lease
-while it runs (cut off from the brokers past its session timeout), it stops dispatching
-at once and starts again as a standby: another instance may hold the lease by then.
+standby alike), its job tracker (``streams/tracking_loop.py``: verdicts, receipts, cancels and
+expiry of the jobs of the partitions the tracking group gives it, active or standby alike) and
+its copy of the control tables (``streams/warm_tables.py``: a hot standby), joins the control
+lease (``infra/control_lease.py``) and waits as a standby while another instance holds it; once
+it holds the lease it hands its table copy over, reads the tenant registry, builds the Faust
+app (``streams/app.py``: fair scheduler, router, the attempts) and runs it until SIGTERM, then leaves
+the lease so a standby takes over at once. Should it lose the lease while it runs (cut off from
+the brokers past its session timeout), it stops dispatching at once and starts again as a
+standby: another instance may hold the lease by then.
 """
 
 from __future__ import annotations
@@ -55,8 +57,10 @@ def control(tenants: Path = typer.Option(None, "--tenants", help="Deprecated YAM
     from phaseroute.streams.admission_desk import AdmissionDesk
     from phaseroute.streams.admitter import Admitter
     from phaseroute.streams.app import SERVED_MODELS, build_app
+    from phaseroute.streams.core import JobTracker
     from phaseroute.streams.model_catalog import load_model_info
     from phaseroute.streams.settings import core_config
+    from phaseroute.streams.tracking_loop import TrackingLoop
     from phaseroute.streams.views import PoolView, ProfileView
     from phaseroute.streams.warm_tables import ChangelogMirror
 
@@ -67,12 +71,15 @@ def control(tenants: Path = typer.Option(None, "--tenants", help="Deprecated YAM
     infos = {m: load_model_info(m, settings.model_cache) for m in SERVED_MODELS}
     with errors_as_messages(BrokerUnavailable, ValueError, KafkaException):
         provision.provision(settings.bootstrap_servers, [topics.spec_for(t) for t in (
-            topics.CONTROL_LEASE, topics.JOBS_ADMISSIONS, topics.CONTROL_LOAD)])
+            topics.CONTROL_LEASE, topics.JOBS_ADMISSIONS, topics.CONTROL_LOAD, topics.TRACKING_CHANGELOG)])
         config = core_config(infos, tenants, list(read_tenants(settings.bootstrap_servers).values()))
         desk = AdmissionDesk(instance_id(name), config, infos, PoolView(config.heartbeat_timeout_s), ProfileView(),
                              output_prefix, open_blob_store(settings.blob_store))
         admitter = Admitter(settings.bootstrap_servers, desk, instance_id(name), settings.control_session_timeout_s)
         admitter.start()
+        tracking = TrackingLoop(settings.bootstrap_servers, JobTracker(config), instance_id(name),
+                                settings.control_session_timeout_s, output_file=output_prefix)
+        tracking.start()
         mirror = ChangelogMirror(settings.bootstrap_servers, cluster=settings.kafka_client_config)
         mirror.start()  # a hot standby: its copy of the tables is current when it takes over
     lease = ControlLease(settings.bootstrap_servers, name, settings.control_session_timeout_s,
@@ -92,3 +99,4 @@ def control(tenants: Path = typer.Option(None, "--tenants", help="Deprecated YAM
     finally:
         lease.close()
         admitter.stop()
+        tracking.stop()

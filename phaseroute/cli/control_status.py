@@ -4,6 +4,9 @@
   holding the lease is ``active`` (it dispatches), the rest are ``standby``;
 * each instance's admission desk: the ``jobs.submitted`` partitions the admission group
   (``phaseroute-admission``) gives it, and the submissions not judged yet (``admission_lag``);
+* each instance's job tracker: the partitions the tracking group (``phaseroute-tracking``) gives
+  it (the same numbers of ``jobs.admissions``, ``results.written`` and ``jobs.commands``), and the
+  records of those topics it has not handled yet (``tracking_lag``);
 * partitions: what the active instance's Faust consumer (group ``phaseroute-control``) is
   assigned, per topic (the dispatcher owns every partition of the topics it reads);
 * lag: the control inputs the Faust group has not committed yet (broker watermarks);
@@ -28,6 +31,7 @@ from phaseroute.schemas.deadletter import Rejected, safe_decode
 # what the control plane consumes (its Faust agents' topics)
 CONTROL_INPUTS = (topics.JOBS_ADMISSIONS, topics.REQUESTS_PENDING, topics.KV_READY, topics.RESULTS,
                   topics.ATTEMPTS_FAILED, topics.RESULTS_WRITTEN, topics.JOBS_COMMANDS, topics.CANARY_RESULTS)
+TRACKING_INPUTS = (topics.JOBS_ADMISSIONS, topics.RESULTS_WRITTEN, topics.JOBS_COMMANDS)  # streams/tracking_loop.py
 
 
 def control_report(admin: AdminClient, consumer: Consumer, bootstrap: str, timeout_s: float) -> dict[str, Any]:
@@ -44,18 +48,26 @@ def control_report(admin: AdminClient, consumer: Consumer, bootstrap: str, timeo
             partitions[tp.topic].append(tp.partition)
     existing = set(admin.list_topics(timeout=timeout_s).topics)
     lag = group_lag(admin, consumer, topics.CONTROL_APP_ID, [t for t in CONTROL_INPUTS if t in existing], timeout_s)
-    desks = {m.client_id: sorted(tp.partition for tp in (m.assignment.topic_partitions if m.assignment else []))
-             for m in describe_group(admin, topics.ADMISSION_GROUP, timeout_s).members}
+    desks = _member_partitions(admin, topics.ADMISSION_GROUP, timeout_s)
     admission_lag = group_lag(admin, consumer, topics.ADMISSION_GROUP, [topics.JOBS_SUBMITTED], timeout_s)
+    trackers = _member_partitions(admin, topics.TRACKING_GROUP, timeout_s)
+    tracking_lag = group_lag(admin, consumer, topics.TRACKING_GROUP, [t for t in TRACKING_INPUTS if t in existing], timeout_s)
     return {
         "active": active,
         "instances": [{"instance": m.client_id, "host": m.host, "role": "active" if m.active else "standby",
-                       "admission_partitions": desks.get(m.client_id, [])} for m in members],
-        "admission_lag": sum(admission_lag.values()),
+                       "admission_partitions": desks.get(m.client_id, []),
+                       "tracking_partitions": trackers.get(m.client_id, [])} for m in members],
+        "admission_lag": sum(admission_lag.values()), "tracking_lag": sum(tracking_lag.values()),
         "partitions": {t: sorted(p) for t, p in sorted(partitions.items())},
         "lag": sum(lag.values()), "lag_by_topic": lag,
         "load": latest_load(consumer, timeout_s) if topics.CONTROL_LOAD in existing else None,
     }
+
+
+def _member_partitions(admin: AdminClient, group: str, timeout_s: float) -> dict[str, list[int]]:
+    """Client id of each member of ``group`` -> the partition numbers it is assigned (over all topics)."""
+    return {m.client_id: sorted({tp.partition for tp in (m.assignment.topic_partitions if m.assignment else [])})
+            for m in describe_group(admin, group, timeout_s).members}
 
 
 def latest_load(consumer: Consumer, timeout_s: float) -> dict[str, Any] | None:
@@ -93,13 +105,15 @@ def describe(report: dict[str, Any]) -> str:
     owned = sum(len(p) for p in report["partitions"].values())
     lines = []
     for inst in report["instances"]:
-        desk = f"; admission desk on jobs.submitted partitions {inst['admission_partitions'] or 'none yet'}"
+        desk = (f"; admission desk on jobs.submitted partitions {inst['admission_partitions'] or 'none yet'}"
+                f"; job tracker on partitions {inst['tracking_partitions'] or 'none yet'}")
         if inst["role"] == "active":
             lines.append(f"control plane: {inst['instance']} active (dispatches), {owned} partitions of "
                          f"{len(report['partitions'])} topics, lag {report['lag']}{desk}")
         else:
             lines.append(f"control plane: {inst['instance']} standby{desk}")
-    lines.append(f"control plane: {report['admission_lag']} submissions waiting for a verdict")
+    lines.append(f"control plane: {report['admission_lag']} submissions waiting for a verdict, "
+                 f"{report['tracking_lag']} verdicts, receipts and commands waiting for their job tracker")
     load = report.get("load")
     if load is not None:
         fleet = "; ".join(f"{model} {rate['prefill_tokens_per_s']:.0f} prefill / {rate['decode_tokens_per_s']:.0f} decode tok/s"

@@ -1,11 +1,7 @@
 """The control plane's decisions between records: admission, idempotent resubmission, fairness
-under a flood, retries away from a failing pool, cancellation, stragglers, pool loss, restarts.
-
-These drive ``ControlShell`` (the live code path: Avro records in, sends out, the pure
-``ControlCore`` between) without Faust; the Faust app only moves records between Kafka and the
-shell. The pools are a fleet we do not have here, described by heartbeats and profile rows
-(fakes for hardware, as the standards allow); the tokenizer is SmolLM2's real one.
-"""
+under a flood, retries away from a failing pool, stragglers, pool loss, restarts (the records of
+a job's end: ``test_job_ends.py``). These drive the live code path without Faust or Kafka
+(``plane_fixture.py``)."""
 
 from __future__ import annotations
 
@@ -14,145 +10,11 @@ from typing import Any
 
 import pytest
 
-from phaseroute.config import settings
-from phaseroute.infra.blobstore import BlobStore, output_prefix
 from phaseroute.schemas.ids import request_id
-from phaseroute.streams.admission_desk import AdmissionDesk
-from phaseroute.streams.core import ControlCore, DictStore
-from phaseroute.streams.model_catalog import load_model_info
-from phaseroute.streams.policy import CurvePoint, FairConfig, Phase, ProfileRow, ProfileSource
-from phaseroute.streams.profiles.convert import row_to_avro
-from phaseroute.streams.settings import core_config
-from phaseroute.streams.shell import ControlShell
-from phaseroute.streams.views import PoolView, ProfileView
+from phaseroute.streams.policy import FairConfig, Phase
+from phaseroute.streams.views import PoolView
 
-MODEL = "smollm2-135m"
-
-
-@pytest.fixture(scope="module")
-def model_info():
-    return load_model_info(MODEL, settings().model_cache)
-
-
-def heartbeat(pool: str, phase: str, now: float, variant: str = "fp32", max_batch: int = 8) -> dict[str, Any]:
-    return {"pool": pool, "worker_id": f"{pool}-0", "phase": phase, "variant": variant, "device": "cpu",
-            "models": [MODEL], "queue_depth": 0, "consumer_lag": 0, "batch_in_flight": 0, "max_batch": max_batch,
-            "memory_bytes": 10**9, "kv_free_bytes": 4 * 10**9, "kv_format": f"{MODEL}|float32|30x3x64|v1",
-            "host": "test", "pid": 1, "status": "UP", "started_at": int((now - 60) * 1000), "interval_s": 2.0,
-            "at": int(now * 1000)}
-
-
-def profile(pool: str, phase: Phase, tokens_per_s: float, now: float, error_rate: float = 0.0,
-            samples: int = 500, variant: str = "fp32") -> dict[str, Any]:
-    row = ProfileRow(MODEL, phase, pool, variant, (CurvePoint(1, tokens_per_s / 4), CurvePoint(8, tokens_per_s)),
-                     0.05, 0.08, 0.1, 46080.0, 46080.0, error_rate, 1.0, samples, now, ProfileSource.TELEMETRY)
-    return row_to_avro(row, 900.0)
-
-
-class Plane:
-    """The control plane without Faust: an admission desk, and a shell over a core with dict
-    tables, sharing the views. A submission goes the live way: the desk judges it against the
-    shell's load snapshot, and the tracker takes the verdict from its ``jobs.admissions`` record."""
-
-    def __init__(self, model_info, now: float, fair: FairConfig | None = None, store: DictStore | None = None,
-                 prompts: dict | None = None, pools: PoolView | None = None, profiles: ProfileView | None = None,
-                 blob_store: BlobStore | None = None):
-        config = core_config({MODEL: model_info})
-        if fair is not None:
-            from dataclasses import replace
-            config = replace(config, fair=fair)
-        self.config = config
-        self.store = store if store is not None else DictStore()
-        self.core = ControlCore(config, self.store, seed=1, write_behind=True)  # as the Faust app runs it
-        self.pools, self.profiles = pools or PoolView(config.heartbeat_timeout_s), profiles or ProfileView()
-        self.shell = ControlShell(self.core, prompts if prompts is not None else {}, {MODEL: model_info},
-                                  output_prefix, self.pools, self.profiles)
-        self.desk = AdmissionDesk("desk-test", config, {MODEL: model_info}, self.pools, self.profiles, output_prefix,
-                                  blob_store)
-
-    def submit(self, record: dict[str, Any], now: float) -> list:
-        self.desk.on_load(self.shell.load("dispatcher-test", now).record)
-        verdict, requests = self.desk.submitted(record, self.desk.intake(record), now)
-        sends = list(verdict)
-        for s in verdict:
-            if s.topic == "jobs.admissions":
-                sends += self.shell.on_record("job_admission", s.record, now)
-        return sends + list(requests)
-
-    def record(self, kind: str, record: dict[str, Any], now: float) -> list:
-        return self.shell.on_record(kind, record, now)
-
-    def tick(self, now: float) -> list:
-        return self.shell.tick(now)
-
-    def job(self, job_id: str) -> dict[str, Any]:
-        return self.core.jobs.jobs[job_id].to_record()
-
-    def requests(self, tenant: str | None = None) -> list:
-        return [r for r in self.core.dispatch.requests.values() if tenant is None or r.work.tenant == tenant]
-
-
-def plane(model_info, pools: dict[str, str], now: float, fair: FairConfig | None = None,
-          speed: dict[str, float] | None = None) -> Plane:
-    cp = Plane(model_info, now, fair)
-    for name, phase in pools.items():
-        cp.pools.on_record(heartbeat(name, phase, now))
-        phases = [Phase.PREFILL, Phase.DECODE] if phase == "BOTH" else [Phase(phase)]
-        for ph in phases:
-            base = 500.0 if ph is Phase.PREFILL else 150.0
-            cp.profiles.on_record(profile(name, ph, base * (speed or {}).get(name, 1.0), now))
-    return cp
-
-
-def job(job_id: str, tenant: str, n: int, deadline_s: float, now: float, max_tokens: int = 16) -> dict[str, Any]:
-    return {"job_id": job_id, "tenant": tenant, "priority": 1, "submitted_at": int(now * 1000),
-            "deadline": int((now + deadline_s) * 1000), "model": MODEL, "quality_tier": "EXACT", "quality_tolerance": None,
-            "sampling": {"temperature": 0.0, "top_p": 1.0, "max_tokens": max_tokens},
-            "requests": [{"custom_id": f"{tenant}-{i}", "prompt": None, "max_tokens": max_tokens,
-                          "messages": [{"role": "user", "content": f"Question number {i}: what is {i} plus {i}?"}]}
-                         for i in range(n)], "input_file": None, "output_file": None, "metadata": {}}
-
-
-def admit_all(cp: Plane, record: dict[str, Any], now: float) -> list:
-    sends = cp.submit(record, now)
-    for s in sends:
-        if s.topic == "requests.pending":
-            cp.record("request", s.record, now)
-    return sends
-
-
-def result_of(work: dict[str, Any], now: float, tokens: int = 16, status: str = "OK") -> dict[str, Any]:
-    return {"request_id": work["request_id"], "job_id": work["job_id"], "tenant": work["tenant"], "status": status,
-            "prompt_tokens": work["prompt_tokens"], "completion_tokens": tokens, "at": int(now * 1000)}
-
-
-def finish(cp: Plane, work: dict[str, Any], now: float, tokens: int = 16, receipt: bool = True) -> list:
-    """A result for the work; with ``receipt``, also the result sink's receipt for the lines it wrote."""
-    sends = cp.record("result", result_of(work, now, tokens), now)
-    if receipt:
-        entry = cp.job(work["job_id"])
-        sends += written(cp, work["job_id"], entry["done"] + entry["failed"], now)
-    return sends
-
-
-def written(cp: Plane, job_id: str, lines: int, now: float) -> list:
-    return cp.record("output_written", {"job_id": job_id, "lines": lines, "path": f"/tmp/results/{job_id}.jsonl",
-                                        "writer": "result-sink.test", "at": int(now * 1000)}, now)
-
-
-def failed(work: dict[str, Any], pool: str, t: float, error: str = "device lost") -> dict[str, Any]:
-    return {"attempt_id": work["attempt_id"], "request_id": work["request_id"], "job_id": work["job_id"],
-            "tenant": work["tenant"], "attempt": work["attempt"], "phase": "PREFILL", "pool": pool,
-            "worker_id": f"{pool}-0", "error_class": "RuntimeError", "error": error, "retryable": True,
-            "at": int(t * 1000)}
-
-
-def states(sends: list) -> list[str]:
-    return [s.record["state"] for s in sends if s.topic == "jobs.events"]
-
-
-def prefill(sends: list) -> list:
-    return [s for s in sends if s.topic.startswith("prefill.")]
+from .plane_fixture import MODEL, Plane, admit_all, failed, finish, heartbeat, job, plane, prefill, profile, states, written
 
 
 def test_infeasible_deadline_is_rejected_naming_a_feasible_one(model_info) -> None:
@@ -298,49 +160,6 @@ def test_a_pool_failing_every_attempt_gets_no_further_work(model_info) -> None:
     assert cp.core.reports.retries >= 1
 
 
-def test_cancel_fails_every_open_request_once_and_the_job_ends_when_its_output_is_whole(model_info) -> None:
-    """Cancel: CANCELLED at once; queued requests leave the fair queue; every request not yet
-    finished gets exactly one failed result with batch_cancelled (a line in the error file); the
-    job's counters go on, and a last CANCELLED event says when its output is whole."""
-    now = time.time()
-    cp = plane(model_info, {"colo": "BOTH"}, now)
-    admit_all(cp, job("j-c", "acme", 50, 3600, now), now)
-    first = [s.record for s in prefill(cp.tick(now + 0.5))]
-    assert 0 < len(first) < 50
-    done = first[0]
-    finish(cp, done, now + 0.8, receipt=False)
-    cancel = {"job_id": "j-c", "tenant": "acme", "command": "CANCEL", "at": 0, "reason": "changed my mind"}
-    assert cp.record("job_command", dict(cancel, tenant="mallory"), now + 0.9) == [], "another tenant's cancel"
-    sends = cp.record("job_command", cancel, now + 1)
-    assert states(sends) == ["CANCELLED"]
-    failures = [s.record for s in sends if s.topic == "results"]
-    assert len(failures) == 49 and {f["error_code"] for f in failures} == {"batch_cancelled"}
-    assert done["request_id"] not in {f["request_id"] for f in failures}
-    assert not prefill(cp.tick(now + 2)), "nothing of a cancelled job is dispatched"
-    for record in failures:  # the failed results come back from the results topic
-        cp.record("result", record, now + 3)
-    cp.record("result", result_of(first[1], now + 3), now + 3)  # a running attempt finished late: ignored
-    assert cp.job("j-c")["failed"] == 49 and cp.job("j-c")["done"] == 1
-    last = written(cp, "j-c", 50, now + 4)
-    assert states(last) == ["CANCELLED"] and cp.core.dispatch.by_job.get("j-c") is None
-
-
-def test_requests_of_a_cancelled_job_read_after_the_cancel_end_at_once_and_keep_no_text(model_info) -> None:
-    """A big job cancelled while most of its requests are still on requests.pending: each one read
-    later gets its one batch_cancelled line, is never dispatched, and its prompt is not stored."""
-    now = time.time()
-    cp = plane(model_info, {"colo": "BOTH"}, now)
-    pending = [s.record for s in cp.submit(job("j-late", "acme", 20, 3600, now), now) if s.topic == "requests.pending"]
-    for record in pending[:5]:
-        cp.record("request", record, now)
-    cancel = {"job_id": "j-late", "tenant": "acme", "command": "CANCEL", "at": 0, "reason": "too big"}
-    assert states(cp.record("job_command", cancel, now + 1)) == ["CANCELLED"]
-    late = [s for record in pending[5:] for s in cp.record("request", record, now + 2)]
-    assert [s.record["error_code"] for s in late if s.topic == "results"] == ["batch_cancelled"] * 15
-    assert not set(cp.shell.prompts) & {r["request_id"] for r in pending[5:]}, "no text kept for a request that cannot run"
-    assert not prefill(cp.tick(now + 3))
-
-
 def test_request_ids_are_derived_from_job_and_custom_id(model_info) -> None:
     now = time.time()
     cp = plane(model_info, {"colo": "BOTH"}, now)
@@ -381,39 +200,6 @@ def test_a_straggler_whose_copy_cannot_be_placed_does_not_stop_the_tick(model_in
     for s in first:
         finish(cp, s.record, t + 1)
     assert cp.job("j-one")["state"] == "COMPLETED"
-
-
-def test_job_completes_only_when_the_sink_has_written_every_line(model_info) -> None:
-    """Every result counted is not enough: COMPLETED waits for the sink's receipt that the
-    output file holds a line per request, so a reader of the final event finds the file whole."""
-    now = time.time()
-    cp = plane(model_info, {"colo": "BOTH"}, now)
-    admit_all(cp, job("j-w", "acme", 3, 3600, now), now)
-    works = [s.record for s in prefill(cp.tick(now + 0.1))]
-    assert len(works) == 3
-    sends = []
-    for i, work in enumerate(works):
-        sends += finish(cp, work, now + 1 + i, receipt=False)
-    assert "COMPLETED" not in states(sends) and cp.job("j-w")["state"] == "RUNNING"
-    assert written(cp, "j-w", 2, now + 5) == [] and cp.job("j-w")["state"] == "RUNNING"
-    assert states(written(cp, "j-w", 3, now + 6)) == ["COMPLETED"]
-    assert cp.job("j-w")["finished_at"] == now + 6
-    assert written(cp, "j-w", 3, now + 7) == [], "a replayed receipt changes nothing"
-    assert not cp.requests() and not cp.shell.prompts, "a finished job's requests and texts are forgotten"
-
-
-def test_a_receipt_ahead_of_the_last_result_completes_the_job_on_that_result(model_info) -> None:
-    """Receipts and results come on different topics: either may be the last to arrive, and a
-    replayed receipt with an older count never lowers what is known to be written."""
-    now = time.time()
-    cp = plane(model_info, {"colo": "BOTH"}, now)
-    admit_all(cp, job("j-r", "acme", 2, 3600, now), now)
-    works = [s.record for s in prefill(cp.tick(now + 0.1))]
-    finish(cp, works[0], now + 1, receipt=False)
-    written(cp, "j-r", 2, now + 2)
-    written(cp, "j-r", 1, now + 3)  # an older receipt, replayed
-    assert cp.job("j-r")["lines_written"] == 2 and cp.job("j-r")["state"] == "RUNNING"
-    assert "COMPLETED" in states(finish(cp, works[1], now + 4, receipt=False))
 
 
 def test_in_flight_work_of_a_pool_whose_heartbeats_stop_is_redispatched(model_info) -> None:
@@ -458,7 +244,7 @@ def test_a_request_stranded_by_a_lost_pool_fails_with_the_reason_once_its_deadli
     assert "p2/decode: memory: needs " in failures[0]["error"], failures[0]["error"]
     for record in failures:
         cp.record("result", record, now + 1900)
-    assert states(written(cp, "j-strand", 3, now + 1901)) == ["FAILED"]
+    assert states(written(cp, "j-strand", 3, now + 1901)) == ["RUNNING", "FAILED"]
 
 
 def test_a_restarted_control_plane_keeps_the_tenants_counters_and_running_slots(model_info) -> None:

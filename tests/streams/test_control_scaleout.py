@@ -1,12 +1,15 @@
-"""Admission scaled out live: `phaseroute control` instances on the real broker share the
-partitions of ``jobs.submitted`` (the admission group), one of them dispatches. The fleet is a
+"""Admission and tracking scaled out live: `phaseroute control` instances on the real broker
+share the partitions of ``jobs.submitted`` (the admission group) and of the topics a job's
+tracker reads (the tracking group: ``jobs.admissions``, ``results.written``, ``jobs.commands``,
+co-partitioned), one of them dispatches. The fleet is a
 FAKE one of instant workers (``consumers/instant_fleet.py``: no model runs; a fleet we do not
 have), the result sink and the control plane are real.
 
 (a) two instances: jobs on every partition are judged by the desk that owns the partition, both
-    desks judge some, and every request of every job has exactly one output line;
-(c) a third instance joins while jobs run: it is given partitions, judges the jobs submitted
-    there after it joined, and no result is lost or written twice;
+    desks judge some, both track the jobs of their partitions (the same partition numbers of the
+    three topics each), and every request of every job has exactly one output line;
+(c) a third instance joins while jobs run: it is given partitions of both groups, judges the jobs
+    submitted there after it joined, and no result is lost or written twice;
 and a desk works on its partitions side by side (a small job is not queued behind a big file).
 """
 
@@ -46,6 +49,33 @@ def _desks(stack: LiveStack) -> dict[str, set[int]]:
         name = by_pid.get(m.client_id.rpartition(":")[2], m.client_id)
         out[name] = {tp.partition for tp in m.assignment.topic_partitions if tp.topic == topics.JOBS_SUBMITTED}
     return out
+
+
+def _trackers(stack: LiveStack) -> dict[str, set[int]]:
+    """The process name of each job tracker in the tracking group -> the partition numbers it
+    owns, checked to be the same of the three topics it reads."""
+    members = describe_group(AdminClient({"bootstrap.servers": stack.bootstrap}), topics.TRACKING_GROUP, 10).members
+    by_pid = {str(p.pid): name for name, p in stack.procs.items()}
+    out: dict[str, set[int]] = {}
+    for m in members:
+        name = by_pid.get(m.client_id.rpartition(":")[2], m.client_id)
+        per_topic = {t: {tp.partition for tp in m.assignment.topic_partitions if tp.topic == t}
+                     for t in (topics.JOBS_ADMISSIONS, topics.RESULTS_WRITTEN, topics.JOBS_COMMANDS)}
+        assert len({frozenset(parts) for parts in per_topic.values()}) == 1, (name, per_topic)
+        out[name] = per_topic[topics.JOBS_ADMISSIONS]
+    return out
+
+
+def _wait_trackers(stack: LiveStack, names: set[str], timeout_s: float = 90.0) -> dict[str, set[int]]:
+    deadline = time.monotonic() + timeout_s
+    trackers: dict[str, set[int]] = {}
+    while time.monotonic() < deadline:
+        stack.check()
+        trackers = _trackers(stack)
+        if set(trackers) == names and all(trackers.values()):
+            return trackers
+        time.sleep(0.5)
+    raise AssertionError(f"tracking group: {trackers}, expected {sorted(names)} each with partitions; logs in {stack.logs}")
 
 
 def _wait_desks(stack: LiveStack, names: set[str], timeout_s: float = 90.0) -> dict[str, set[int]]:
@@ -134,6 +164,8 @@ def stack(bootstrap: str, tmp_path_factory: pytest.TempPathFactory):
 def test_two_instances_judge_the_jobs_of_their_partitions_and_every_request_has_one_line(
         stack: LiveStack, tmp_path: Path) -> None:
     desks = _wait_desks(stack, {"control-a", "control-b"})
+    trackers = _wait_trackers(stack, {"control-a", "control-b"})
+    assert sorted(p for parts in trackers.values() for p in parts) == list(range(topics.CONTROL_PARTITIONS))
     tag = f"two-{uuid.uuid4().hex[:6]}"
     jobs = {_job_on(p, tag): 300 for p in range(topics.CONTROL_PARTITIONS)}
     for job_id, n in jobs.items():
@@ -144,6 +176,8 @@ def test_two_instances_judge_the_jobs_of_their_partitions_and_every_request_has_
     owner = {p: name for name, parts in desks.items() for p in parts}
     assert {j: judged[j] for j in jobs} == {j: owner[topics.partition_of(j)] for j in jobs}, (judged, desks)
     assert set(judged[j] for j in jobs) == {"control-a", "control-b"}  # both instances admitted jobs
+    # both tracked jobs to COMPLETED: a partition's jobs are tracked only by its owner in the group
+    assert _trackers(stack) == trackers, "the tracking partitions did not move while the jobs ran"
 
 
 def test_a_third_instance_joins_mid_job_gets_partitions_and_loses_or_duplicates_nothing(
@@ -156,6 +190,8 @@ def test_a_third_instance_joins_mid_job_gets_partitions_and_loses_or_duplicates_
 
     stack.start("control-c", "control")
     desks = _wait_desks(stack, {"control-a", "control-b", "control-c"})
+    trackers = _wait_trackers(stack, {"control-a", "control-b", "control-c"})
+    assert sorted(p for parts in trackers.values() for p in parts) == list(range(topics.CONTROL_PARTITIONS))
     later = {_job_on(p, f"{tag}-late"): 200 for p in range(topics.CONTROL_PARTITIONS)}
     for job_id, n in later.items():
         _submit(tmp_path, job_id, n)
