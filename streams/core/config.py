@@ -50,9 +50,10 @@ class CoreConfig:
     long for it (in memory): the admission desk sends the verdict before the job's requests, but
     the tracker reads ``jobs.admissions`` apart from the other topics."""
     finished_job_ttl_s: float = 3600.0
-    """A job tracker keeps a finished job whose output is whole this long (a late receipt or
-    cancel finds it finished), then drops it and tombstones its changelog record: a tracker's
-    state grows with the jobs of the last hour, not with history."""
+    """The job tracker and the dispatcher keep a finished job whose output is whole (and a
+    rejected one) this long (a late receipt, cancel or replayed request finds it finished), then
+    drop it and tombstone its stored record: their state grows with the jobs of the last hour,
+    not with history."""
     slots_per_worker: int = 1
     """Dispatched-but-unfinished requests per row of a worker's batch (backpressure)..."""
     kv_in_flight_factor: float = 1.5

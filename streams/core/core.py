@@ -11,7 +11,8 @@ Life of a request through the core:
 then release + routing -> ``Dispatch``; ``KvReady`` / ``AttemptFailed`` / ``ResultReceived``
 move requests on (retries, give-ups -> ``FailRequest``); ``JobEnded`` (the tracker's final
 state of the job) fails the open requests of a cancelled or expired job and, once the job's
-output is whole, forgets its requests -> ``Forget``. ``FleetObserved`` / ``ProfilesUpdated`` /
+output is whole, forgets its requests -> ``Forget``; ``finished_job_ttl_s`` later the job itself
+leaves (``JobBacklog.retire``). ``FleetObserved`` / ``ProfilesUpdated`` /
 ``TenantsUpdated`` refresh what the decisions read.
 
 One bad event never stops the core: an exception while handling an event becomes a ``Problem``
@@ -98,11 +99,13 @@ class ControlCore:
         return out
 
     def tick(self, now: float) -> list[Decision]:
-        """The clock: expiries, due back-offs, dead pools, stragglers, then release and placement
-        (at most ``max_releases_per_tick``: see ``more_to_release``)."""
+        """The clock: requests and jobs done with leave, then due back-offs, dead pools, stragglers,
+        then release and placement (at most ``max_releases_per_tick``: see ``more_to_release``)."""
         out: list[Decision] = []
         steps: tuple[tuple[str, Callable[[float], list[Decision] | None]], ...] = (
-            ("forget", lambda t: self._forget_some()), ("backoff", lambda t: recovery.requeue_due(self.dispatch, t)),
+            ("forget", lambda t: self._forget_some()),
+            ("retire jobs", lambda t: self.jobs.retire(t, self._holds_requests)),
+            ("backoff", lambda t: recovery.requeue_due(self.dispatch, t)),
             ("dead pools", lambda t: recovery.redispatch_dead_pools(self.dispatch, t)),
             ("stragglers", lambda t: recovery.speculate(self.dispatch, t)), ("release", self.dispatch.release),
         )
@@ -139,7 +142,7 @@ class ControlCore:
         """The backlog takes a judged job. Its requests may have come first (the desk sends the
         verdict before them, but the dispatcher reads the two topics apart): the ones that
         ended leave its backlog at once."""
-        if not self.jobs.take(job) or job.state is not JobState.ADMITTED:
+        if not self.jobs.take(job, now) or job.state is not JobState.ADMITTED:
             return []
         for rid in self.dispatch.by_job.get(job.job_id, ()):
             state = self.dispatch.requests[rid]
@@ -203,7 +206,7 @@ class ControlCore:
         (the first time it says so); one whose output is whole has its requests forgotten."""
         known = self.jobs.jobs.get(ev.job_id)
         before = known.state if known is not None else None
-        self.jobs.end(ev)
+        self.jobs.end(ev, now)
         out: list[Decision] = []
         if ev.state in _ENDS and before is not ev.state:
             what = _ENDS[ev.state]
@@ -264,6 +267,10 @@ class ControlCore:
         self._forgetting.append((job_id, sorted(ids, reverse=True)))
         return self._forget_some()
 
+    def _holds_requests(self, job_id: str) -> bool:
+        """Some request of the job is still in the state (open, or still to be forgotten)."""
+        return job_id in self.dispatch.by_job or any(job == job_id for job, _ in self._forgetting)
+
     def _forget_some(self) -> list[Decision]:
         """Forget at most ``forget_per_step`` requests of finished jobs, oldest job first."""
         budget = self.config.forget_per_step
@@ -323,6 +330,7 @@ class ControlCore:
         if not store.enabled:
             d.dirty.clear()
             jobs.dirty.clear()
+            jobs.dropped.clear()
             return
         for rid in d.dirty:
             state = d.requests.get(rid)
@@ -332,10 +340,13 @@ class ControlCore:
                 store.requests[rid] = state.to_record()
         for job_id in jobs.dirty:
             store.jobs[job_id] = jobs.jobs[job_id].to_record()
+        for job_id in jobs.dropped:
+            store.jobs.pop(job_id, None)
         for tenant, (counter, served) in d.tenants_changed(self._tenants_saved).items():
             store.tenants[tenant] = {"counter": counter, "served_cost": served}
         d.dirty.clear()
         jobs.dirty.clear()
+        jobs.dropped.clear()
 
     def restore(self, now: float) -> list[Decision]:
         """Rebuild the state from the store (a restart; tell the core the fleet first: it sends
@@ -348,7 +359,7 @@ class ControlCore:
         d.fair.restore(saved)
         self._tenants_saved = dict(saved)
         for record in store.jobs.values():
-            self.jobs.restore(JobRecord.from_record(record))
+            self.jobs.restore(JobRecord.from_record(record), now)
         out: list[Decision] = []
         for rid, record in sorted(store.requests.items()):
             state = RequestState.from_record(rid, record)

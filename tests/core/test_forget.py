@@ -2,7 +2,8 @@
 ``forget_per_step``: the event that says the job's output is whole (its tracker's final state,
 ``JobEnded``) forgets one slice, each tick after one more,
 so forgetting a large job never holds the control plane's event loop for long. A restart finishes
-what a stop left unforgotten."""
+what a stop left unforgotten. The job itself leaves ``finished_job_ttl_s`` after it finished,
+once its requests are gone (bounded state: the dispatcher's jobs are the recent ones)."""
 
 from __future__ import annotations
 
@@ -32,9 +33,9 @@ def _completed_whole(job_id: str, n: int) -> JobEnded:
     return JobEnded(job_id, JobState.COMPLETED, None, n, 0, n)
 
 
-def _whole(job_id: str, n: int, per_step: int, now: float) -> tuple[ControlCore, float]:
+def _whole(job_id: str, n: int, per_step: int, now: float, ttl: float = 3600.0) -> tuple[ControlCore, float]:
     """A core whose job of ``n`` requests has every result read and its whole output written."""
-    c = core(now, forget_per_step=per_step)
+    c = core(now, forget_per_step=per_step, finished_job_ttl_s=ttl)
     admit(c, job(job_id, n, now), now)
     now = _finish_all_but_the_receipt(c, job_id, n, now)
     c.handle(_completed_whole(job_id, n), now)
@@ -81,6 +82,40 @@ def test_a_restart_forgets_what_a_stop_left_of_a_finished_job() -> None:
     forgotten = [len(d.request_ids) for d in again.restore(now + 1) if isinstance(d, Forget)]
     forgotten += [len(d.request_ids) for d in again.tick(now + 1.25) if isinstance(d, Forget)]
     assert forgotten == [4, 2] and not first.store.requests and not again.dispatch.requests
+
+
+def test_a_job_done_with_leaves_the_dispatcher_after_its_ttl_its_record_tombstoned() -> None:
+    c, ended = _whole("j", 4, 4, 1000.0, ttl=60.0)
+    assert not c.dispatch.requests and "j" in c.store.jobs
+    c.tick(ended + 59)
+    assert "j" in c.jobs.jobs and "j" in c.store.jobs, "kept for the ttl"
+    c.tick(ended + 61)
+    assert "j" not in c.jobs.jobs and "j" not in c.store.jobs and not c.jobs.dropped
+    assert c.handle(_completed_whole("j", 4), ended + 62) == []  # a replayed final state: nothing to do
+    assert "j" not in c.jobs.jobs and "j" not in c.store.jobs
+
+
+def test_a_job_stays_while_its_requests_are_still_being_forgotten() -> None:
+    c, ended = _whole("slow", 6, 1, 1000.0, ttl=1.0)  # one request forgotten per step
+    c.tick(ended + 1.5)  # ttl passed; 4 requests still held
+    assert "slow" in c.jobs.jobs and len(c.dispatch.requests) == 4
+    for step in range(4):
+        c.tick(ended + 2 + step * 0.25)
+    assert not c.dispatch.requests and "slow" in c.jobs.jobs, "looked at again a ttl after it was held"
+    c.tick(ended + 2.75 + 1.0)
+    assert "slow" not in c.jobs.jobs and "slow" not in c.store.jobs
+
+
+def test_a_restart_drops_a_job_done_with_once_its_ttl_passed() -> None:
+    first, ended = _whole("j", 4, 4, 1000.0, ttl=60.0)
+    assert first.store.jobs["j"]["finished_at"] == ended
+    config = CoreConfig(models={MODEL: ModelSpec(MODEL, 4096)}, finished_job_ttl_s=60.0)
+    again = ControlCore(config, first.store, seed=1)
+    again.restore(ended + 30)
+    again.tick(ended + 59)
+    assert "j" in again.jobs.jobs, "the ttl counts from when it finished, not from the restart"
+    again.tick(ended + 61)
+    assert "j" not in again.jobs.jobs and "j" not in first.store.jobs
 
 
 def test_forget_per_step_below_one_is_refused_by_name() -> None:
