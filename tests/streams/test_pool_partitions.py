@@ -1,7 +1,7 @@
 """Pool work is spread over a pool topic's partitions by tokens, and every attempt of a request
 keeps its partition (so a replay reaches the worker already running it).
 
-The shell test drives ``ControlShell`` as ``test_control_plane.py`` does: the pool is a fake
+The shell test drives ``ControlShell`` through ``plane_fixture.py``, as ``test_control_plane.py`` does: the pool is a fake
 described by heartbeats and profile rows; the tokenizer is SmolLM2's real one.
 """
 
@@ -15,7 +15,7 @@ import pytest
 
 from phaseroute.infra.topics import POOL_PARTITIONS, partition_of
 from phaseroute.streams.pool_partitions import PoolPartitioner
-from tests.streams.test_control_plane import admit_all, finish, job, model_info, plane, prefill  # noqa: F401
+from tests.streams.plane_fixture import admit_all, finish, job, plane, prefill
 
 
 def test_requests_spread_by_tokens_and_each_keeps_its_partition() -> None:
@@ -57,7 +57,7 @@ def test_forget_drops_placements_and_a_partition_count_below_one_is_refused() ->
         PoolPartitioner(0)
 
 
-def test_the_shell_sends_a_jobs_work_balanced_and_forgets_it_when_the_job_is_done(model_info) -> None:  # noqa: F811
+def test_the_shell_sends_a_jobs_work_balanced_and_forgets_it_when_the_job_is_done(model_info) -> None:
     now = time.time()
     cp = plane(model_info, {"colo": "BOTH"}, now)
     admit_all(cp, job("j-parts", "acme", 24, 3600, now), now)
