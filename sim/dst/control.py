@@ -24,7 +24,7 @@ class DstControl:
         self.tracker = JobTracker(config)
         for record in store.tracked.values():
             self.tracker.restore(record)
-        self.control = OneProcessControl(self.core, self.tracker)
+        self.control = OneProcessControl(self.core, self.tracker, keep_hops=True)
 
     def call(self, entry: Event | None, now: float) -> tuple[list[Decision], list[Event]]:
         """One event (None: a tick) through both halves: the decisions, and the events carried

@@ -26,10 +26,11 @@ _VERDICTS = (JobEventKind.ADMITTED, JobEventKind.REJECTED)
 
 
 class OneProcessControl:
-    def __init__(self, core: ControlCore, tracker: JobTracker | None = None) -> None:
+    def __init__(self, core: ControlCore, tracker: JobTracker | None = None, keep_hops: bool = False) -> None:
         self.core = core
         self.tracker = tracker if tracker is not None else JobTracker(core.config)
-        self.hops: list[Event] = []  # the events carried between the halves, in order (a driver may redeliver them)
+        self.keep_hops = keep_hops  # a driver that redelivers them takes them from ``hops`` (and empties it)
+        self.hops: list[Event] = []  # the events carried between the halves, in order, when kept
 
     def handle(self, event: Event, now: float) -> list[Decision]:
         if isinstance(event, OutputWritten):
@@ -58,14 +59,18 @@ class OneProcessControl:
                 continue
             if d.kind in _VERDICTS:
                 verdict = JobAdmitted(JobRecord.from_record(d.job), now)
-                self.hops.append(verdict)
+                self._keep(verdict)
                 out += self._hops(self.tracker.handle(verdict, now), now)
                 continue
             ended = job_ended(job_event(d, now, None))
             if ended is not None:
-                self.hops.append(ended)
+                self._keep(ended)
                 out += self._hops(self.core.handle(ended, now), now)
         return out
+
+    def _keep(self, hop: Event) -> None:
+        if self.keep_hops:
+            self.hops.append(hop)
 
 
 def _copy(ev: JobAdmitted) -> JobAdmitted:
