@@ -8,7 +8,7 @@ pure ``ControlCore`` and returns what to send):
   against to ``control.load``;
 - ``pending`` on ``requests.pending`` -> the fair queues (the text goes to the ``prompts`` table);
 - the ``dispatch`` timer (every ``tick_s``) -> ``prefill.<pool>`` work, retries, speculative
-  copies, work of dead pools placed again, expiries;
+  copies, work of dead pools placed again, jobs done with leaving;
 - ``kv_ready``, ``result``, ``attempt_failed`` on ``kv.ready``, ``results``, ``attempts.failed``;
   ``job_ended`` on ``jobs.state``: a job's final state from its tracker (``tracking_loop.py``,
   partitioned by job id across the instances, which takes the sink's receipts and cancels and
