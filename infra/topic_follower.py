@@ -5,7 +5,7 @@ API's tenant registry and jobs view).
 Each record is decoded as ``kind`` and handed to ``on_record``. An undecodable record is
 skipped with a warning naming where it is: a view must not stop on one bad record, and its
 writer dead-letters what it cannot encode. ``caught_up`` is set once the end offsets seen at
-``start`` are read, so a view can wait until it holds what was there when it started. The
+``start`` are read (or the partition's end is reached), so a view can wait until it holds what was there when it started. The
 consumer uses the cluster's security settings and a fresh group (no offsets are committed).
 """
 
@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from phaseroute.infra.kafka_offsets import end_offsets
 from phaseroute.infra.kafka_security import with_cluster_config
@@ -36,7 +36,7 @@ class TopicFollower:
         self.topic, self.kind, self.on_record, self.service = topic, kind, on_record, service
         self.consumer = Consumer(with_cluster_config({
             "bootstrap.servers": bootstrap, "group.id": f"view-{uuid.uuid4().hex}", "enable.auto.commit": False,
-            "fetch.wait.max.ms": 100, **(settings or {})}))
+            "fetch.wait.max.ms": 100, "enable.partition.eof": True, **(settings or {})}))
         self._stop = threading.Event()
         self.caught_up = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"follow-{topic}", daemon=True)
@@ -53,7 +53,12 @@ class TopicFollower:
         positions: dict[int, int] = {}
         while not self._stop.is_set():
             msg = self.consumer.poll(0.2)
-            if msg is not None and not msg.error():
+            error = None if msg is None else msg.error()
+            if msg is not None and error is not None and error.code() == KafkaError._PARTITION_EOF:
+                # read to the end: a partition written in transactions ends in a marker never delivered
+                partition = msg.partition() or 0
+                positions[partition] = max(positions.get(partition, 0), self._ends.get(partition, 0))
+            elif msg is not None and error is None:
                 partition, offset = msg.partition() or 0, msg.offset() or 0
                 positions[partition] = offset + 1
                 decoded = safe_decode(msg.value(), msg.key(), topic=self.topic, partition=partition, offset=offset,

@@ -74,6 +74,7 @@ def read_latest(bootstrap: str, topic: str, kind: str, key_of: Callable[[dict[st
     from confluent_kafka import (
         OFFSET_BEGINNING,
         Consumer,
+        KafkaError,
         KafkaException,
         TopicPartition,
     )
@@ -81,7 +82,8 @@ def read_latest(bootstrap: str, topic: str, kind: str, key_of: Callable[[dict[st
     from phaseroute.infra.kafka_offsets import end_offsets
 
     consumer = Consumer(client_config(bootstrap, **{
-        "group.id": f"read-{uuid.uuid4().hex}", "enable.auto.commit": False, "fetch.wait.max.ms": 50}))
+        "group.id": f"read-{uuid.uuid4().hex}", "enable.auto.commit": False, "fetch.wait.max.ms": 50,
+        "enable.partition.eof": True}))
     try:
         try:
             meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
@@ -99,7 +101,12 @@ def read_latest(bootstrap: str, topic: str, kind: str, key_of: Callable[[dict[st
             if time.time() > deadline:
                 raise _unavailable(bootstrap, f"reading {topic} to its end", timeout_s)
             msg = consumer.poll(0.5)
-            if msg is None or msg.error():
+            if msg is None:
+                continue
+            error = msg.error()
+            if error is not None:  # the end: a partition written in transactions ends in a marker never delivered
+                if error.code() == KafkaError._PARTITION_EOF:
+                    done.add(msg.partition() or 0)
                 continue
             partition, offset, value = msg.partition() or 0, msg.offset() or 0, msg.value() or b""
             try:
