@@ -149,6 +149,10 @@ def server_properties(settings: Settings, layout: KafkaLayout) -> str:
         "offsets.topic.num.partitions=8",
         "transaction.state.log.replication.factor=1",
         "transaction.state.log.min.isr=1",
+        "transaction.state.log.num.partitions=8",
+        # the job trackers commit in transactions: one left open by a killed instance is aborted
+        # within a second of its timeout, not ten, so readers and the partitions' next owner go on
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms=1000",
         "share.coordinator.state.topic.replication.factor=1",
         "share.coordinator.state.topic.min.isr=1",
         "group.initial.rebalance.delay.ms=0",

@@ -15,11 +15,14 @@ of a job through it:
 3. a cancel from the tenant that owns the job (``jobs.commands``) makes it CANCELLED; every
    second the tracker's clock expires the jobs left unfinished past their deadline's grace;
 4. each change is the job's event on ``jobs.events`` and ``jobs.state`` (where the dispatcher
-   reads the final ones); per batch of records read, those sends are acknowledged first, then
-   the changed jobs' records on the changelog, then the batch's offsets are committed. An
-   instance killed on the way leaves its next owner to read the uncommitted tail again: replayed
-   verdicts, receipts and cancels change nothing in a restored job, and a send that may have been
-   lost is made again (same event id) because the changelog never runs ahead of the sends;
+   reads the final ones); a batch of records read ends in one Kafka transaction
+   (``consumers/kafka_transactions.py``): its events, its changed jobs' records on the changelog
+   and its input offsets land together or not at all. An instance killed on the way leaves its
+   next owner to read the batch again (replayed verdicts, receipts and cancels change nothing in
+   a restored job, and each event is made again with the same event id). An instance that lost
+   its partitions without knowing it (paused past the session timeout: a zombie) has its
+   transaction refused by the group coordinator, so its late records never reach the changelog
+   after the new owner's; it rewinds to what was committed and hears of the move next;
 5. when p is revoked the offsets handled are committed and the jobs of p released (lost, as
    after a session timeout: released only; another instance owns p by then).
 A receipt or cancel read before its job's verdict waits in the tracker, and holds back its
@@ -40,7 +43,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from phaseroute.consumers.kafka_clients import DeliveryError, TrackedProducer, new_consumer
+from phaseroute.consumers.kafka_clients import new_consumer
+from phaseroute.consumers.kafka_transactions import BatchOutcome, Outgoing, TransactionalProducer
 from phaseroute.infra import topics
 from phaseroute.infra.blobstore import output_prefix
 from phaseroute.infra.kafka_offsets import end_offsets
@@ -76,32 +80,26 @@ class TrackingTopics:
                 self.commands: ("job_command", edge.cancel)}
 
 
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    topic: str
-    key: str
-    value: bytes | None  # None: a tombstone
-    partition: int | None
-
-
 class TrackingLoop:
     def __init__(self, bootstrap: str, tracker: JobTracker, client_id: str, session_timeout_s: float, *,
                  output_file: Callable[[str, str], str] = output_prefix, names: TrackingTopics = TrackingTopics(),
-                 group: str = topics.TRACKING_GROUP) -> None:
+                 group: str = topics.TRACKING_GROUP, max_poll_interval_s: float = 600.0) -> None:
+        """``max_poll_interval_s``: a batch (or restore) taking longer puts the instance out of the group."""
         self.bootstrap, self.tracker, self.client_id, self.group = bootstrap, tracker, client_id, group
         self.output_file, self.names, self._inputs = output_file, names, names.inputs()
-        self.consumer = self._consumer(session_timeout_s)
-        self.producer = TrackedProducer(bootstrap, f"{client_id}/tracking")
+        self.consumer = self._consumer(session_timeout_s, max_poll_interval_s)
+        self.producer = TransactionalProducer(bootstrap, f"{client_id}/tracking", session_timeout_s)
         self._positions = CommitPositions()
         self._assigned: frozenset[tuple[str, int]] = frozenset()  # (topic, partition) handled here now
         self._owned: frozenset[int] = frozenset()  # their partition numbers, restored from the changelog
-        self._counts = {"handled": 0, "dead_lettered": 0, "restored": 0, "rebalances": 0}
+        self._counts = {"handled": 0, "dead_lettered": 0, "restored": 0, "rebalances": 0, "rewinds": 0}
         self._ticked = 0.0
         self._undelivered = False  # a batch's sends were given up on (stopping): commit nothing more
+        self._rewind_due = False  # a batch was aborted: the partitions held go back to their commit first
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="job-tracking", daemon=True)
 
-    def _consumer(self, session_timeout_s: float) -> Consumer:
+    def _consumer(self, session_timeout_s: float, max_poll_interval_s: float) -> Consumer:
         session_ms = int(session_timeout_s * 1000)
         # The range assignor, not phaseroute's usual cooperative-sticky: range deals out each topic's
         # partitions over the same sorted member list, so with equal partition counts a member gets
@@ -111,7 +109,7 @@ class TrackingLoop:
         # each is restored again from its changelog (compacted: one record per job).
         return new_consumer(self.bootstrap, self.group, self.client_id, **{
             "partition.assignment.strategy": "range", "session.timeout.ms": session_ms,
-            "heartbeat.interval.ms": max(500, session_ms // 5)})
+            "heartbeat.interval.ms": max(500, session_ms // 5), "max.poll.interval.ms": int(max_poll_interval_s * 1000)})
 
     def start(self) -> None:
         self.consumer.subscribe(list(self._inputs), on_assign=self._on_assign, on_revoke=self._on_revoke,
@@ -128,7 +126,8 @@ class TrackingLoop:
 
     def status(self) -> dict[str, Any]:
         return {"client_id": self.client_id, "group": self.group, "partitions": self.owned_partitions(),
-                "jobs": len(self.tracker.jobs), **self._counts}
+                "jobs": len(self.tracker.jobs), **self._counts,
+                **{f"transactions_{k}": n for k, n in self.producer.counts.items()}}
 
     # -- the loop ----------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -142,15 +141,22 @@ class TrackingLoop:
                     continue
                 if self._stop.is_set():  # a restore may have been cut short: handle nothing more
                     break
+                if self._rewind_due:  # these were fetched before the rewind: read again from the commit
+                    self._rewind()
+                    continue
+                group = self.consumer.consumer_group_metadata()  # the generation these records were read in
                 now = time.time()
                 sends = [send for msg in messages for send in self._handle(msg, now)]
                 if now - self._ticked >= TICK_EVERY_S:
                     self._ticked = now
                     sends += self._sends_of(self.tracker.tick(now), now, None)
-                if not self._deliver(sends):
+                outcome = self._transact(sends, group)
+                if outcome is BatchOutcome.STOPPED:
                     self._undelivered = True
                     break
-                self._commit()
+                if outcome is BatchOutcome.ABORTED:
+                    self._forget_batch()
+                    self._rewind()
         finally:
             self.consumer.close()
             log.info("tracking: stopped (%s)", self.status())
@@ -223,43 +229,51 @@ class TrackingLoop:
         self._counts["dead_lettered"] += 1
         return Send(topics.DEADLETTER, source_topic, "dead_letter", letter)
 
-    def _deliver(self, sends: list[Send]) -> bool:
-        """The batch's sends acknowledged, then its changed jobs on the changelog: a job's record is
-        never durable before its event, so a replay after a kill makes again what may be lost.
-        False when the loop stops first (then nothing is committed)."""
-        events = [Outgoing(s.topic, s.key, encode(s.kind, s.record), s.partition) for s in sends]
-        records = [Outgoing(self.names.changelog, job_id, None if record is None else json.dumps(record).encode(),
-                            topics.partition_of(job_id))  # None: a dropped job's tombstone
-                   for job_id, record in self.tracker.changed_records().items()]
-        return self._acknowledged(events) and self._acknowledged(records)
-
-    def _acknowledged(self, messages: list[Outgoing]) -> bool:
-        """Produce ``messages`` and wait for the cluster's acknowledgement, all of them again until it
-        comes (a repeat carries the same event id, or the same job record); False once stopping."""
-        while True:
-            try:
-                for m in messages:
-                    self.producer.produce(m.topic, m.key, m.value, m.partition)
-                self.producer.flush_or_raise()
-                return True
-            except DeliveryError:
-                log.exception("tracking: %d messages not acknowledged; sending them again", len(messages))
-                if self._stop.wait(RETRY_S):
-                    return False
-
-    def _commit(self) -> None:
+    def _transact(self, sends: list[Send], group: Any) -> BatchOutcome:
+        """The batch's sends, its changed jobs' records on the changelog and the input offsets now
+        due, in one transaction (``group``: the consumer group metadata of the batch's generation)."""
         if self._undelivered:
-            return
+            return BatchOutcome.STOPPED
         self._positions.settle(lambda job_id: job_id in self.tracker.jobs, time.time(),
                                self.tracker.config.early_event_ttl_s)
         offsets = self._positions.due()
-        if not offsets:
+        records = [Outgoing(s.topic, s.key, encode(s.kind, s.record), s.partition) for s in sends]
+        records += [Outgoing(self.names.changelog, job_id, None if record is None else json.dumps(record).encode(),
+                             topics.partition_of(job_id))  # None: a dropped job's tombstone
+                    for job_id, record in self.tracker.changed_records().items()]
+        outcome = self.producer.commit_batch(records, offsets, group, self._stop)
+        if outcome is BatchOutcome.COMMITTED:
+            self._positions.committed(offsets)
+        return outcome
+
+    def _forget_batch(self) -> None:
+        """The batch's transaction was aborted: none of its events, job records or offsets happened.
+        Forget what it changed at once (the jobs of the partitions held, the positions handled), so
+        that nothing of it is committed by a revocation before the rewind is done."""
+        numbers = set(self._owned)
+        jobs = [job_id for job_id in list(self.tracker.jobs) if topics.partition_of(job_id) in numbers]
+        self.tracker.release(jobs + sorted(self._positions.waiting_jobs(numbers)))
+        self._positions.forget([TopicPartition(topic, p) for topic, p in self._assigned])
+        self._counts["rewinds"] += 1
+        self._rewind_due = True
+
+    def _rewind(self) -> None:
+        """Back to where the last committed batch left the partitions held: their jobs read back
+        from the changelog, their inputs fetched again from the committed offsets. Tried again
+        before each later batch until it succeeds (a zombie hears meanwhile that its partitions moved)."""
+        held = [TopicPartition(topic, p) for topic, p in sorted(self._assigned)]
+        if not held:  # they all left meanwhile: their next owners read them from the commit
+            self._rewind_due = False
             return
         try:
-            self.consumer.commit(offsets=offsets, asynchronous=False)
-            self._positions.committed(offsets)
-        except KafkaException:  # tried again after the next batch; a partition's next owner reads it again
-            log.exception("tracking: offsets %s not committed", [(tp.topic, tp.partition, tp.offset) for tp in offsets])
+            self._restore(set(self._owned))
+            for tp in self.consumer.committed(held, timeout=30):
+                start = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+                self.consumer.seek(TopicPartition(tp.topic, tp.partition, start))
+            self._rewind_due = False
+        except Exception:
+            log.exception("tracking: partitions %s not rewound yet; trying again", sorted(self._owned))
+            self._stop.wait(RETRY_S)
 
     # -- partitions come and go (callbacks, on the polling thread, inside consume) -------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -285,11 +299,14 @@ class TrackingLoop:
                 self._stop.wait(RETRY_S)
         self._assigned = frozenset((tp.topic, tp.partition) for tp in partitions)
         self._owned = frozenset(numbers)
+        self._rewind_due = False  # every partition was revoked first (eager): all of them were read back
         log.info("tracking: %s owns partitions %s (%d jobs tracked)", self.client_id, sorted(numbers),
                  len(self.tracker.jobs))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._commit()
+        """Commit what is due (offsets a verdict released since the last batch) while this generation
+        still owns the partitions, then let them go."""
+        self._transact([], consumer.consumer_group_metadata())
         self._leave(partitions)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

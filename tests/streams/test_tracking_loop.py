@@ -11,11 +11,15 @@ from where they ended when the test began.
     the changelog (RUNNING, counters intact) and completes them on later receipts, without a
     second RUNNING event;
 (c) a cancel from the tenant that owns the job cancels it; from another tenant, or a second
-    time, nothing; an undecodable record is dead-lettered and the loop goes on.
+    time, nothing; an undecodable record is dead-lettered and the loop goes on;
+(d) an instance paused mid-batch past its poll interval (a zombie) has its late transaction
+    refused: its stale job record never lands on the changelog after its successor's.
 """
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 import uuid
 from collections import Counter
@@ -23,7 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from phaseroute.consumers.kafka_clients import TrackedProducer
@@ -34,7 +38,8 @@ from phaseroute.infra.kafka_offsets import end_offsets
 from phaseroute.schemas.enums import JobState, QualityTier
 from phaseroute.schemas.serde import decode, encode
 from phaseroute.streams.admission_edge import admission_send
-from phaseroute.streams.core import CoreConfig, JobRecord, JobTracker
+from phaseroute.streams.core import CoreConfig, Decision, JobRecord, JobTracker, OutputWritten
+from phaseroute.streams.core.tracker import TrackerEvent
 from phaseroute.streams.tracking_loop import TrackingLoop, TrackingTopics
 
 pytestmark = pytest.mark.kafka
@@ -245,3 +250,87 @@ def test_tracking_is_partitioned_restored_on_a_move_and_obeys_cancels(
               f"the group's committed offsets at the inputs' ends {ends}")
     finally:
         reader.close()
+
+
+class PausingTracker(JobTracker):
+    """A tracker that stops inside the handling of one job's receipt until the test lets it go:
+    the instance around it stops polling, as in a long pause, and the group puts it out (a zombie)."""
+
+    def __init__(self, config: CoreConfig) -> None:
+        super().__init__(config)
+        self.pause_on: str | None = None
+        self.paused, self.resume = threading.Event(), threading.Event()
+
+    def handle(self, event: TrackerEvent, now: float) -> list[Decision]:
+        if isinstance(event, OutputWritten) and event.job_id == self.pause_on:
+            self.pause_on = None
+            self.paused.set()
+            self.resume.wait(90)
+        return super().handle(event, now)
+
+
+def _changelog(bootstrap: str, topic: str) -> dict[str, dict[str, Any] | None]:
+    """The changelog as an instance restoring it reads it (committed records only): job id -> last record."""
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-{uuid.uuid4().hex}",
+                       "enable.partition.eof": True, "isolation.level": "read_committed"})
+    parts = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(topics.CONTROL_PARTITIONS)]
+    reader.assign(parts)
+    out: dict[str, dict[str, Any] | None] = {}
+    left, deadline = set(range(topics.CONTROL_PARTITIONS)), time.monotonic() + 20
+    try:
+        while left:
+            assert time.monotonic() < deadline, f"changelog partitions {sorted(left)} not read to their end"
+            msg = reader.poll(0.2)
+            if msg is None:
+                continue
+            if msg.error():
+                left.discard(msg.partition() or 0)
+                continue
+            value = msg.value()
+            out[(msg.key() or b"").decode()] = None if value is None else json.loads(value)
+    finally:
+        reader.close()
+    return out
+
+
+def test_a_tracker_put_out_of_the_group_mid_batch_is_fenced(bootstrap: str, names: TrackingTopics) -> None:
+    """A pauses inside a batch past its poll interval; B takes every partition and completes the job;
+    then A wakes up and commits its stale batch: the group coordinator refuses it, the transaction
+    is aborted, and neither A's event nor its stale job record (RUNNING, 2 lines) lands after B's."""
+    group = f"test-tracking-{uuid.uuid4().hex[:8]}"
+    pausing = PausingTracker(CoreConfig())
+    a = TrackingLoop(bootstrap, pausing, "tracker-a", SESSION_S, names=names, group=group,
+                     max_poll_interval_s=SESSION_S + 1)
+    b = TrackingLoop(bootstrap, JobTracker(CoreConfig()), "tracker-b", SESSION_S, names=names, group=group)
+    events = EventReader(bootstrap, topics.JOBS_EVENTS)
+    producer = TrackedProducer(bootstrap, "test-tracking")
+    job = _job_ids(per_partition=1)[0][0]
+    a.start()
+    try:
+        _wait(lambda: a.owned_partitions() == [0, 1, 2, 3], "A owns every partition")
+        _publish(producer, names.admissions, [_verdict(job)])
+        _publish(producer, names.written, [_receipt(job, 1, 1, 0)])
+        events.wait({job}, lambda ev: any(e["kind"] == "RUNNING" for e in ev), "RUNNING from A")
+        pausing.pause_on = job
+        _publish(producer, names.written, [_receipt(job, 2, 2, 0)])
+        assert pausing.paused.wait(20), "A never read the second receipt"
+
+        b.start()  # the group waits for A's next poll, which does not come within its poll interval
+        _wait(lambda: b.owned_partitions() == [0, 1, 2, 3], "B owns every partition once A is put out", 40)
+        _wait(lambda: job in b.tracker.jobs and b.tracker.jobs[job].lines_written == 2,
+              "B handled the receipt A is stuck on")
+        _publish(producer, names.written, [_receipt(job, REQUESTS, REQUESTS, 0)])
+        events.wait({job}, lambda ev: any(e["kind"] == "COMPLETED" for e in ev), "COMPLETED from B")
+        completed = _changelog(bootstrap, names.changelog)[job]
+        assert completed is not None and completed["state"] == "COMPLETED", completed
+
+        pausing.resume.set()  # A's batch (the job at 2 lines, RUNNING) goes to its transaction now
+        _wait(lambda: a.status()["transactions_fenced"] == 1, "A's stale batch refused by the group coordinator")
+        assert a.status()["rewinds"] == 1 and a.status()["transactions_committed"] >= 1
+        events.read({job}, 1.0)
+        assert events.kinds(job) == Counter({"RUNNING": 1, "COMPLETED": 1}), events.summary()
+        assert _changelog(bootstrap, names.changelog)[job] == completed  # A's record never became visible
+    finally:
+        pausing.resume.set()
+        a.stop()
+        b.stop()
