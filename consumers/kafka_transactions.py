@@ -62,15 +62,17 @@ class TransactionalProducer:
         self.timeout_s = timeout_s
         self._config = producer_config(bootstrap, transactional_id) | {
             "transactional.id": transactional_id, "transaction.timeout.ms": int(timeout_s * 1000)}
-        self._producer = self._started()
+        self._producer: Producer | None = None  # registered at the first batch (the broker may not answer yet)
         self.counts = {"committed": 0, "aborted": 0, "fenced": 0}
 
-    def _started(self) -> Producer:
-        """A producer registered under the transactional id (which aborts what an earlier one with
-        the same id left open)."""
-        producer = Producer(self._config)
-        producer.init_transactions(self.timeout_s)
-        return producer
+    def _ready(self) -> Producer:
+        """The producer, registered under the transactional id (which aborts what an earlier one
+        with the same id left open); raises KafkaException while the broker does not answer."""
+        if self._producer is None:
+            producer = Producer(self._config)
+            producer.init_transactions(self.timeout_s)
+            self._producer = producer
+        return self._producer
 
     def commit_batch(self, records: Sequence[Outgoing], offsets: list[TopicPartition], group: Any,
                      stopping: threading.Event) -> BatchOutcome:
@@ -79,14 +81,15 @@ class TransactionalProducer:
         if not records and not offsets:
             return BatchOutcome.COMMITTED
         try:
-            self._producer.begin_transaction()
+            producer = self._ready()
+            producer.begin_transaction()
             for r in records:
-                self._produce(r)
+                self._produce(producer, r)
             if offsets:
-                self._producer.send_offsets_to_transaction(offsets, group, self.timeout_s)
+                producer.send_offsets_to_transaction(offsets, group, self.timeout_s)
             while True:
                 try:
-                    self._producer.commit_transaction(self.timeout_s)
+                    producer.commit_transaction(self.timeout_s)
                     self.counts["committed"] += 1
                     return BatchOutcome.COMMITTED
                 except KafkaException as exc:
@@ -102,14 +105,15 @@ class TransactionalProducer:
             self._failed(exc, len(records), offsets)
             return BatchOutcome.ABORTED
 
-    def _produce(self, r: Outgoing) -> None:
+    @staticmethod
+    def _produce(producer: Producer, r: Outgoing) -> None:
         placed = -1 if r.partition is None else r.partition
         while True:
             try:
-                self._producer.produce(r.topic, value=r.value, key=r.key, partition=placed)
+                producer.produce(r.topic, value=r.value, key=r.key, partition=placed)
                 return
             except BufferError:  # local queue full: let deliveries drain, then retry
-                self._producer.poll(0.1)
+                producer.poll(0.1)
 
     def _failed(self, exc: KafkaException, records: int, offsets: list[TopicPartition]) -> None:
         err = _kafka_error(exc)
@@ -123,14 +127,16 @@ class TransactionalProducer:
         else:
             log.error("transaction of %s failed (%s); its %d records and offsets %s are aborted",
                       self.transactional_id, err.str() if err else exc, records, where)
-        if err is not None and err.fatal():  # the producer is unusable: a new one under the same id
-            self._producer = self._started()
+        if err is not None and err.fatal():  # the producer is unusable: a new one under the same id next time
+            self._producer = None
             return
         self._abort()
 
     def _abort(self) -> None:
+        if self._producer is None:  # never registered: no transaction is open
+            return
         try:
             self._producer.abort_transaction(self.timeout_s)
-        except KafkaException:  # no transaction was open, or it cannot be aborted: start afresh
-            log.exception("transaction of %s: abort failed; starting a new producer", self.transactional_id)
-            self._producer = self._started()
+        except KafkaException:  # it cannot be aborted: a new producer under the same id aborts it
+            log.exception("transaction of %s: abort failed; registering a new producer", self.transactional_id)
+            self._producer = None
