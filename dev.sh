@@ -3,7 +3,7 @@
 # (Python 3.11, Java 17, Maven):
 #   ./dev.sh demo [ARGS...]   set up, then run the main job: `phaseroute demo`
 #   ./dev.sh test [PYTEST...] set up, lint (ruff) and type-check (mypy), start Kafka, run the
-#                             whole test suite, stop Kafka
+#                             whole test suite (or the pytest arguments given), stop Kafka
 # Set-up = a virtualenv in .venv with the pinned dependencies (requirements.lock) and
 # phaseroute installed editable; redone only when pyproject.toml or the lock changes. It is
 # quiet (pip's output goes to .venv/install.log) and ends with one line saying what it installed.
@@ -85,7 +85,17 @@ case "$cmd" in
     # names a cluster; `down` stops exactly what `up` started
     trap '.venv/bin/phaseroute down' EXIT
     .venv/bin/phaseroute up
-    .venv/bin/python -m pytest "$@"
+    if [ $# -gt 0 ]; then  # the tests asked for, as asked
+      .venv/bin/python -m pytest "$@"
+      exit
+    fi
+    # the whole suite: the tests that need neither the broker nor the model (the simulator, the
+    # control core, the policies, the schemas: pure CPU) on every core (pytest-xdist), then the
+    # live tests one at a time (they time real processes on a shared machine); both always run
+    failed=0
+    .venv/bin/python -m pytest -m "not kafka and not model" -n auto || failed=1
+    .venv/bin/python -m pytest -m "kafka or model" || failed=1
+    exit $failed
     ;;
   *)
     die "unknown command '$cmd' (use: demo, test)"

@@ -28,6 +28,15 @@ def _phaseroute_environment_restored() -> Iterator[None]:
     settings.cache_clear()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the broker is a ``kafka`` test whether or not its module says so:
+    ``./dev.sh test`` runs the tests without the broker or the model on every core first, and
+    the ``kafka`` and ``model`` tests one at a time after them."""
+    for item in items:
+        if "bootstrap" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.kafka)
+
+
 @pytest.fixture(scope="session")
 def bootstrap() -> str:
     """The running broker's bootstrap servers; a missing broker fails the test loudly."""
