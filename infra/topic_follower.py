@@ -5,8 +5,10 @@ API's tenant registry and jobs view).
 Each record is decoded as ``kind`` and handed to ``on_record``. An undecodable record is
 skipped with a warning naming where it is: a view must not stop on one bad record, and its
 writer dead-letters what it cannot encode. ``caught_up`` is set once the end offsets seen at
-``start`` are read (or the partition's end is reached), so a view can wait until it holds what was there when it started. The
-consumer uses the cluster's security settings and a fresh group (no offsets are committed).
+``start`` are read (or each partition's end is reached: one written in transactions ends in a
+marker that is never delivered), so a view can wait until it holds what was there when it
+started. The consumer uses the cluster's security settings and a fresh group (no offsets are
+committed).
 """
 
 from __future__ import annotations
