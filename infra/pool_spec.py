@@ -8,11 +8,13 @@ One grammar, used by ``phaseroute up --pools``, its help, its errors and the REA
 PHASE is prefill, decode or both (colocated); VARIANT one of the engine's variants; THREADS the
 torch threads of each worker; WORKERS how many workers the pool starts. What a pool leaves out
 comes from ``consumers.machine.plan_pools`` over the cores this process may use: the workers
-of all pools together use each core once (on 2 cores, three pools get 1 worker x 1 thread each;
-on 16 cores, one pool gets 16 workers x 1 thread). A YAML file with the same fields per pool
-name works too::
+of the pools that prefill together use each core once (on 2 cores, a prefill pool and a colocated
+pool get 1 worker x 1 thread each; on 16 cores, one pool gets 16 workers x 1 thread), and the
+decode-only pools beside them are planned over every core again, at a lower CPU priority (nice
+10: prefill first). A YAML file with the same fields per pool name works too, ``nice`` among them::
 
     colo-fp32: {phase: both, variant: fp32, threads: 1, workers: 2}
+    decode-int8: {phase: decode, variant: int8-dynamic, workers: 2, nice: 10}
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class PoolSpec:
     threads: int = 1  # parse_pools plans what a spec leaves out; code that builds a PoolSpec says what it wants
     workers: int = 1
     max_decode_batch: int = 16
+    nice: int = 0  # the workers' CPU priority (0 normal .. 19 lowest; plan_pools: decode pools beside prefilling ones)
 
     def __post_init__(self) -> None:
         topics.check_pool_name(self.name)
@@ -59,6 +62,8 @@ class PoolSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"pool {self.name!r}: {name} {value!r} must be a whole number >= 1")
+        if not isinstance(self.nice, int) or isinstance(self.nice, bool) or not 0 <= self.nice <= 19:
+            raise ValueError(f"pool {self.name!r}: nice {self.nice!r} must be a whole number 0-19")
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -106,10 +111,10 @@ def _planned(parts: list[tuple[str, dict[str, Any]]], cores: int | None) -> list
              if isinstance(given.get("workers"), int) and not isinstance(given["workers"], bool) and given["workers"] >= 1}
     threads = {i: given["threads"] for i, (_, given) in enumerate(parts)
                if isinstance(given.get("threads"), int) and not isinstance(given["threads"], bool) and given["threads"] >= 1}
-    shares = plan_pools(len(parts), usable_cores() if cores is None else cores, fixed, threads)
+    shares = plan_pools([given["phase"] for _, given in parts], usable_cores() if cores is None else cores, fixed, threads)
     pools = []
     for (where, given), share in zip(parts, shares, strict=True):
-        planned = {"threads": share.threads, "workers": share.workers}
+        planned = {"threads": share.threads, "workers": share.workers, "nice": share.nice}
         try:
             pools.append(PoolSpec(**{**given, **{k: v for k, v in planned.items() if given.get(k) is None}}))
         except (TypeError, ValueError) as exc:

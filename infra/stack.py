@@ -89,7 +89,7 @@ def start(settings: Settings, pools: list[PoolSpec], tenants_file: Path | None =
         for i in range(pool.workers):
             spawn(f"worker-{pool.name}-{i}", _cli(
                 "worker", "--pool", pool.name, "--phase", pool.phase, "--variant", pool.variant,
-                "--threads", str(pool.threads), "--max-decode-batch", str(pool.max_decode_batch),
+                "--threads", str(pool.threads), "--max-decode-batch", str(pool.max_decode_batch), "--nice", str(pool.nice),
                 "--worker-id", f"{pool.name}-{i}",
             ))
     return started

@@ -110,7 +110,7 @@ def _engine_alone(n_prompts: int, cores: int) -> tuple[list[str], list[tuple[lis
     from phaseroute.engine.protocol import PrefillItem
     from phaseroute.engine.registry import build_executor
 
-    share = plan_pools(1, cores)[0]
+    share = plan_pools(["both"], cores)[0]
     config = BenchConfig(n_prompts=n_prompts)
     ex = build_executor(config.model, config.variant, threads=share.threads)
     work = mixed_workload(ex.tokenizer, n_prompts, list(config.lengths), list(config.max_tokens))
@@ -130,8 +130,9 @@ def _pipeline(settings: Any, setup: str, texts: list[str], work: list[tuple[list
     from phaseroute.consumers.machine import plan_pools
     from phaseroute.infra import kafka_launcher, processes, provision, stack, topics
 
-    shares = plan_pools(len(SETUPS[setup]), cores)
-    pools = [stack.PoolSpec(name, phase, "fp32", threads=share.threads, workers=share.workers, max_decode_batch=DECODE_BATCH)
+    shares = plan_pools([phase for _, phase in SETUPS[setup]], cores)
+    pools = [stack.PoolSpec(name, phase, "fp32", threads=share.threads, workers=share.workers, max_decode_batch=DECODE_BATCH,
+                            nice=share.nice)
              for (name, phase), share in zip(SETUPS[setup], shares)]
     busy = [n for n in processes.names(settings.run_dir) if n != "kafka" and processes.alive_pid(settings.run_dir, n)]
     if busy:

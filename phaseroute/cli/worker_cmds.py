@@ -32,6 +32,8 @@ def worker(
     max_decode_batch: int = typer.Option(MAX_DECODE_BATCH, "--max-decode-batch", help="Most sequences in the continuous decode batch."),
     prefill_chunk_tokens: int = typer.Option(PREFILL_CHUNK_TOKENS, "--prefill-chunk-tokens",
         help="Colocated: padded prompt tokens per prefill chunk between decode steps."),
+    nice: int = typer.Option(0, "--nice", min=0, max=19,
+        help="CPU priority, 0 (normal) to 19 (lowest): `up` runs decode-only pools beside prefilling ones at 10."),
     worker_id: str = typer.Option(None, "--worker-id"),
     throttle_file: str = typer.Option(None, "--throttle-file",
         help="Fault injection: slow this worker by the factor in FILE (re-read every second)."),
@@ -41,9 +43,12 @@ def worker(
         help="Fault injection: corrupt only blobs for this decode pool (one path)."),
 ) -> None:
     """Run one prefill, decode or colocated worker until SIGTERM."""
+    from phaseroute.consumers.machine import lower_priority
     from phaseroute.consumers.worker import WorkerOptions, build_phase_worker, run
     from phaseroute.engine.errors import EngineError
 
+    if nice:
+        lower_priority(nice)  # before the model and Kafka clients start their threads
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = current_settings()
     with errors_as_messages(ValueError, EngineError):

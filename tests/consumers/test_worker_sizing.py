@@ -2,38 +2,81 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from phaseroute.consumers.machine import WorkerShare, default_threads, plan_pools, usable_cores
+from phaseroute.consumers.machine import (
+    DECODE_NICE,
+    WorkerShare,
+    default_threads,
+    lower_priority,
+    plan_pools,
+    usable_cores,
+)
 from phaseroute.consumers.prefill_budget import TokenBudget, budget_batch_size, efficient_batch_size
 
 
 def test_one_pool_on_two_cores_is_two_one_thread_workers() -> None:
-    assert plan_pools(1, 2) == [WorkerShare(workers=2, threads=1)]
+    assert plan_pools(["both"], 2) == [WorkerShare(workers=2, threads=1)]
 
 
-def test_two_pools_on_two_cores_share_them_without_oversubscribing() -> None:
-    assert plan_pools(2, 2) == [WorkerShare(1, 1), WorkerShare(1, 1)]
-    assert plan_pools(3, 2) == [WorkerShare(1, 1)] * 3  # never below one thread
+def test_prefilling_pools_share_the_cores_without_oversubscribing_them() -> None:
+    assert plan_pools(["prefill", "both"], 2) == [WorkerShare(1, 1), WorkerShare(1, 1)]
+    assert plan_pools(["both"] * 3, 2) == [WorkerShare(1, 1)] * 3  # never below one thread
+    assert plan_pools(["decode", "decode"], 2) == [WorkerShare(1, 1), WorkerShare(1, 1)]  # no prefill: normal priority
+
+
+def test_decode_pools_beside_prefilling_ones_get_every_core_again_at_a_lower_priority() -> None:
+    assert plan_pools(["prefill", "decode"], 2) == [WorkerShare(2, 1), WorkerShare(2, 1, nice=DECODE_NICE)]
+    assert plan_pools(["prefill", "decode", "both"], 2) == [WorkerShare(1, 1), WorkerShare(2, 1, DECODE_NICE),
+                                                            WorkerShare(1, 1)]  # the demo's pools
+    assert plan_pools(["decode", "decode", "prefill"], 4) == [WorkerShare(2, 1, DECODE_NICE)] * 2 + [WorkerShare(4, 1)]
+    assert 0 < DECODE_NICE <= 19
 
 
 def test_big_machines_get_more_workers_not_more_threads() -> None:
-    assert plan_pools(1, 16) == [WorkerShare(16, 1)]
-    assert plan_pools(2, 16) == [WorkerShare(8, 1), WorkerShare(8, 1)]
-    assert plan_pools(2, 16, workers={0: 2}) == [WorkerShare(2, 1), WorkerShare(8, 1)]
-    assert plan_pools(1, 16, workers={0: 4}) == [WorkerShare(4, 4)]  # fewer workers fixed: threads use the cores
-    assert plan_pools(2, 8, threads={0: 2}) == [WorkerShare(2, 2), WorkerShare(4, 1)]  # fixed threads: workers fit them
+    assert plan_pools(["both"], 16) == [WorkerShare(16, 1)]
+    assert plan_pools(["prefill", "both"], 16) == [WorkerShare(8, 1), WorkerShare(8, 1)]
+    assert plan_pools(["prefill", "both"], 16, workers={0: 2}) == [WorkerShare(2, 1), WorkerShare(8, 1)]
+    assert plan_pools(["both"], 16, workers={0: 4}) == [WorkerShare(4, 4)]  # fewer workers fixed: threads use the cores
+    assert plan_pools(["both", "prefill"], 8, threads={0: 2}) == [WorkerShare(2, 2), WorkerShare(4, 1)]  # fixed threads
 
 
 def test_bad_plans_name_the_values() -> None:
     with pytest.raises(ValueError, match="cores=0"):
-        plan_pools(1, 0)
+        plan_pools(["both"], 0)
+    with pytest.raises(ValueError, match=r"phases=\[\]"):
+        plan_pools([], 2)
     with pytest.raises(ValueError, match=r"\[0\]"):
-        plan_pools(1, 4, workers={0: 0})
+        plan_pools(["both"], 4, workers={0: 0})
     with pytest.raises(ValueError, match=r"thread counts must be >= 1, got \[0\]"):
-        plan_pools(1, 4, threads={0: 0})
+        plan_pools(["both"], 4, threads={0: 0})
     with pytest.raises(ValueError, match="workers_on_machine=0"):
         default_threads(0)
+    with pytest.raises(ValueError, match="nice=20 must be 0-19"):
+        lower_priority(20)
+
+
+def test_a_worker_lowers_the_priority_of_every_thread_and_of_its_own_session() -> None:
+    """In a child that leads its own session (as the stack starts workers): a thread started
+    before the call is reniced too, and so is the session's autogroup where the kernel has one."""
+    script = (
+        "import os, threading, time, sys\n"
+        "from phaseroute.consumers.machine import lower_priority\n"
+        "stop = threading.Event(); t = threading.Thread(target=stop.wait); t.start()\n"
+        "print(lower_priority(7), lower_priority(3))\n"  # a process may not raise itself again
+        "print(os.getpriority(os.PRIO_PROCESS, t.native_id))\n"
+        "path = '/proc/self/autogroup'\n"
+        "print(open(path).read().split()[-1] if os.path.exists(path) else 'none')\n"
+        "stop.set()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          start_new_session=True, check=True)
+    first, thread_nice, autogroup = done.stdout.split("\n")[:3]
+    assert first == "7 7" and thread_nice == "7"
+    assert autogroup in ("7", "none")
 
 
 def test_default_threads_split_the_usable_cores() -> None:

@@ -49,17 +49,19 @@ def test_a_bad_spec_names_the_part_and_shows_the_form(spec: str, names: str) -> 
 
 
 @pytest.mark.parametrize(("spec", "cores", "planned"), [
-    ("p=prefill:fp32,d=decode:int8-dynamic,c=both:fp32", 2, [(1, 1), (1, 1), (1, 1)]),  # the demo on 2 cores
-    ("c=both:fp32", 2, [(1, 2)]),  # a process per core
-    ("c=both:fp32", 16, [(1, 16)]),
-    ("p=prefill:fp32,d=decode:fp32", 16, [(1, 8), (1, 8)]),
-    ("p=prefill:fp32x3,d=decode:fp32", 8, [(1, 3), (1, 4)]),  # fixed workers count towards the threads
-    ("c=both:fp32x2", 8, [(4, 2)]),  # fewer workers fixed than cores: their threads use the rest
-    ("p=prefill:fp32:2,d=decode:fp32", 8, [(2, 2), (1, 4)]),  # a pool's own threads are kept, its workers fit them
+    # the demo on 2 cores: the prefilling pools share the cores, the decode pool gets them again at a lower priority
+    ("p=prefill:fp32,d=decode:int8-dynamic,c=both:fp32", 2, [(1, 1, 0), (1, 2, 10), (1, 1, 0)]),
+    ("c=both:fp32", 2, [(1, 2, 0)]),  # a process per core
+    ("c=both:fp32", 16, [(1, 16, 0)]),
+    ("d=decode:fp32", 2, [(1, 2, 0)]),  # no prefilling pool beside it: normal priority
+    ("p=prefill:fp32,d=decode:fp32", 16, [(1, 16, 0), (1, 16, 10)]),
+    ("p=prefill:fp32x3,d=decode:fp32", 8, [(2, 3, 0), (1, 8, 10)]),  # fixed workers: their threads use the cores
+    ("c=both:fp32x2", 8, [(4, 2, 0)]),  # fewer workers fixed than cores: their threads use the rest
+    ("p=prefill:fp32:2,d=decode:fp32", 8, [(2, 4, 0), (1, 8, 10)]),  # a pool's own threads are kept, its workers fit them
 ])
-def test_threads_and_workers_left_out_are_planned_for_the_cores(spec: str, cores: int,
-                                                                planned: list[tuple[int, int]]) -> None:
-    assert [(p.threads, p.workers) for p in parse_pools(spec, cores)] == planned
+def test_threads_workers_and_priority_left_out_are_planned_for_the_cores(spec: str, cores: int,
+                                                                         planned: list[tuple[int, int, int]]) -> None:
+    assert [(p.threads, p.workers, p.nice) for p in parse_pools(spec, cores)] == planned
 
 
 def test_a_pool_named_twice_or_none_is_an_error() -> None:
@@ -77,6 +79,14 @@ def test_yaml_pools_with_the_same_fields(tmp_path: Path) -> None:
     planned = tmp_path / "planned.yaml"
     planned.write_text("colo: {phase: both, variant: fp32}\n")
     assert parse_pools(str(planned), cores=16) == [PoolSpec("colo", "both", "fp32", 1, 16)]
+    niced = tmp_path / "niced.yaml"
+    niced.write_text("dec: {phase: decode, variant: fp32, workers: 1, nice: 5}\np: {phase: prefill, variant: fp32}\n")
+    assert parse_pools(str(niced), cores=2) == [PoolSpec("dec", "decode", "fp32", 2, 1, nice=5),
+                                                PoolSpec("p", "prefill", "fp32", 1, 2)]  # a pool's own nice is kept
+    for value in ("-1", "20", "high"):
+        niced.write_text(f"dec: {{phase: decode, variant: fp32, nice: {value}}}\n")
+        with pytest.raises(ValueError, match=rf"pool 'dec': nice '?{value}'? must be a whole number 0-19"):
+            parse_pools(str(niced))
     zero = tmp_path / "zero.yaml"
     zero.write_text("colo: {phase: both, variant: fp32, workers: 0}\n")
     with pytest.raises(ValueError, match=r"pool 'colo'.*workers 0 must be a whole number >= 1"):
