@@ -36,7 +36,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from phaseroute.consumers.kafka_clients import FOLLOW_FETCH_WAIT_MS
 from phaseroute.engine.canaries import Canary, CanarySet, load_canaries
 from phaseroute.engine.drift import DriftMetrics, aggregate, canary_drift
 from phaseroute.engine.errors import UnknownNameError
@@ -376,7 +375,7 @@ class MonitorService:
         self.follower.start()
         self.consumer = Consumer(with_cluster_config({
             "bootstrap.servers": self.bootstrap, "group.id": f"drift-monitor-{uuid.uuid4().hex}",
-            "enable.auto.commit": False, "fetch.wait.max.ms": FOLLOW_FETCH_WAIT_MS}))
+            "enable.auto.commit": False, "fetch.wait.max.ms": 100}))
         parts = self.consumer.list_topics(CANARY_RESULTS_TOPIC, timeout=15).topics[CANARY_RESULTS_TOPIC].partitions
         ends = end_offsets(self.consumer, [TopicPartition(CANARY_RESULTS_TOPIC, p) for p in parts])
         self.consumer.assign([TopicPartition(CANARY_RESULTS_TOPIC, p, end) for p, end in ends.items()])

@@ -41,16 +41,6 @@ def producer_config(bootstrap: str, client_id: str) -> dict[str, Any]:
     })
 
 
-# How long the broker may hold a fetch that finds nothing new. It answers as soon as a record
-# arrives, so for a consumer that follows its topics this only sets how often an idle one asks.
-# An idle stack with one pool of 2 workers kept the local broker at 0.12-0.13 of a core (of 2)
-# with the followers at 50-100 ms, 0.08-0.10 at 500 (2026-12-07).
-FOLLOW_FETCH_WAIT_MS = 500  # librdkafka's default
-# A reader that reads partitions to their end learns the end from a fetch that finds nothing
-# (PARTITION_EOF), which the broker holds this long: keep it short there.
-READ_TO_END_FETCH_WAIT_MS = 50
-
-
 def consumer_config(bootstrap: str, group_id: str, client_id: str, **overrides: Any) -> dict[str, Any]:
     config = {
         "bootstrap.servers": bootstrap,
@@ -60,7 +50,7 @@ def consumer_config(bootstrap: str, group_id: str, client_id: str, **overrides: 
         "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest",
         "partition.assignment.strategy": "cooperative-sticky",
-        "fetch.wait.max.ms": FOLLOW_FETCH_WAIT_MS,
+        "fetch.wait.max.ms": 50,
         "session.timeout.ms": 10_000,
         "heartbeat.interval.ms": 1_000,
         # a long prefill batch must not get the worker kicked out of its group

@@ -34,7 +34,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
-from phaseroute.consumers.kafka_clients import READ_TO_END_FETCH_WAIT_MS, DeliveryError, TrackedProducer, new_consumer
+from phaseroute.consumers.kafka_clients import DeliveryError, TrackedProducer, new_consumer
 from phaseroute.infra import topics
 from phaseroute.infra.kafka_offsets import end_offsets
 from phaseroute.infra.topic_follower import TopicFollower
@@ -223,7 +223,7 @@ class Admitter:
         """Read the partition's verdicts from ``jobs.admissions`` (same partition number: the two
         topics are co-partitioned by job id) up to its end now."""
         reader = new_consumer(self.bootstrap, f"admission-learn-{uuid.uuid4().hex}", "admission-learn",
-                              **{"enable.partition.eof": True, "fetch.wait.max.ms": READ_TO_END_FETCH_WAIT_MS})
+                              **{"enable.partition.eof": True})
         try:
             tp = TopicPartition(topics.JOBS_ADMISSIONS, partition, OFFSET_BEGINNING)
             end = end_offsets(reader, [tp])[partition]

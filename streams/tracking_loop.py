@@ -43,7 +43,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from phaseroute.consumers.kafka_clients import READ_TO_END_FETCH_WAIT_MS, new_consumer
+from phaseroute.consumers.kafka_clients import new_consumer
 from phaseroute.consumers.kafka_transactions import BatchOutcome, Outgoing, TransactionalProducer
 from phaseroute.infra import topics
 from phaseroute.infra.blobstore import output_prefix
@@ -327,7 +327,7 @@ class TrackingLoop:
         """Read changelog partitions from the beginning to their end now, each record to the tracker
         (later records win; a tombstone releases its job)."""
         reader = new_consumer(self.bootstrap, f"tracking-restore-{uuid.uuid4().hex}", f"{self.client_id}/restore",
-                              **{"enable.partition.eof": True, "fetch.wait.max.ms": READ_TO_END_FETCH_WAIT_MS})
+                              **{"enable.partition.eof": True})
         try:
             wanted = [TopicPartition(self.names.changelog, p, OFFSET_BEGINNING) for p in sorted(partitions)]
             ends = end_offsets(reader, wanted)
