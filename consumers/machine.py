@@ -106,7 +106,10 @@ def lower_priority(nice: int) -> int:
             pass
     autogroup = Path("/proc/self/autogroup")
     if os.getsid(0) == os.getpid() and autogroup.exists():
-        autogroup.write_text(str(nice))
+        try:
+            autogroup.write_text(str(nice))
+        except OSError:  # a read-only /proc: the threads' nice still holds within the session
+            pass
     return os.getpriority(os.PRIO_PROCESS, 0)
 
 

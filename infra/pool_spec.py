@@ -111,7 +111,7 @@ def _planned(parts: list[tuple[str, dict[str, Any]]], cores: int | None) -> list
              if isinstance(given.get("workers"), int) and not isinstance(given["workers"], bool) and given["workers"] >= 1}
     threads = {i: given["threads"] for i, (_, given) in enumerate(parts)
                if isinstance(given.get("threads"), int) and not isinstance(given["threads"], bool) and given["threads"] >= 1}
-    shares = plan_pools([given["phase"] for _, given in parts], usable_cores() if cores is None else cores, fixed, threads)
+    shares = plan_pools([str(given.get("phase")) for _, given in parts], usable_cores() if cores is None else cores, fixed, threads)
     pools = []
     for (where, given), share in zip(parts, shares, strict=True):
         planned = {"threads": share.threads, "workers": share.workers, "nice": share.nice}

@@ -87,6 +87,10 @@ def test_yaml_pools_with_the_same_fields(tmp_path: Path) -> None:
         niced.write_text(f"dec: {{phase: decode, variant: fp32, nice: {value}}}\n")
         with pytest.raises(ValueError, match=rf"pool 'dec': nice '?{value}'? must be a whole number 0-19"):
             parse_pools(str(niced))
+    phaseless = tmp_path / "phaseless.yaml"
+    phaseless.write_text("colo: {variant: fp32}\n")
+    with pytest.raises(ValueError, match=r"pool file .*phaseless.yaml.*phase"):
+        parse_pools(str(phaseless))
     zero = tmp_path / "zero.yaml"
     zero.write_text("colo: {phase: both, variant: fp32, workers: 0}\n")
     with pytest.raises(ValueError, match=r"pool 'colo'.*workers 0 must be a whole number >= 1"):
