@@ -13,8 +13,10 @@ Life of a process record under ``<home>/run``:
    a process that leads one, else the process and its children), waits up to the grace time
    for them together, SIGKILLs what is left, and says for each how it ended.
 
-A PID file holds the PID and the process start time, so a recycled PID belonging to someone
-else is never signalled.
+A PID file holds the PID and the process's start in clock ticks since boot (``/proc``'s own
+figure, which no change of the wall clock moves; the start's wall time where there is no
+``/proc``), so a recycled PID belonging to someone else is never signalled, and a clock stepped
+by NTP between ``up`` and ``down`` never makes a running process look gone.
 """
 
 from __future__ import annotations
@@ -88,9 +90,33 @@ def _phaseroute_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith("PHASEROUTE_") and k != NAME_ENV}
 
 
+def _start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (field 22 of ``/proc/PID/stat``); None
+    without ``/proc``. Unlike ``psutil``'s ``create_time`` (boot time read from the wall clock
+    now, plus this) it never moves when the clock is stepped."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            after_name = stat.read().rsplit(b")", 1)[1].split()
+        return int(after_name[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _started(pid: int) -> str:
+    """The start stamp a PID file keeps: ``ticks:N`` where ``/proc`` has it, else wall seconds."""
+    ticks = _start_ticks(pid)
+    return f"ticks:{ticks}" if ticks is not None else str(psutil.Process(pid).create_time())
+
+
+def _same_start(proc: psutil.Process, stamp: str) -> bool:
+    if stamp.startswith("ticks:"):
+        return _start_ticks(proc.pid) == int(stamp.removeprefix("ticks:"))
+    return abs(proc.create_time() - float(stamp)) <= 1.0  # a record from before ticks were kept
+
+
 def _write_records(run_dir: Path, name: str, pid: int, record: Record) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    started = psutil.Process(pid).create_time()
+    started = _started(pid)
     _write(_record_file(run_dir, name), json.dumps(record.__dict__, indent=1))
     _write(_pid_file(run_dir, name), f"{pid} {started}\n")
 
@@ -164,7 +190,7 @@ def alive_pid(run_dir: Path, name: str) -> int | None:
     try:
         pid_text, started_text = path.read_text().split()
         proc = psutil.Process(int(pid_text))
-        if abs(proc.create_time() - float(started_text)) > 1.0 or proc.status() == psutil.STATUS_ZOMBIE:
+        if not _same_start(proc, started_text) or proc.status() == psutil.STATUS_ZOMBIE:
             return None
         return int(proc.pid)
     except (ValueError, OSError, psutil.NoSuchProcess, psutil.AccessDenied):

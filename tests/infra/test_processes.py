@@ -147,3 +147,25 @@ def test_a_hand_started_process_that_exited_unreaped_counts_as_stopped(tmp_path:
     ended, seconds = stopper.stdout.split()
     assert ended == "TERMINATED" and float(seconds) < 10, stopper.stdout + stopper.stderr
     assert child.wait(5) == 0
+
+
+def test_a_stepped_wall_clock_does_not_make_a_running_process_look_gone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """psutil's create_time is boot time (from the wall clock, read now) plus the start ticks:
+    NTP stepping the clock between `up` and `down` moved it and `down` forgot a running worker.
+    The record keeps the ticks; a record naming another start (a recycled PID) is still refused."""
+    run_dir = tmp_path / "run"
+    pid = processes.spawn(run_dir, "worker-c-0", [sys.executable, "-c", "import time; time.sleep(30)"], tmp_path / "c.log")
+    try:
+        stamp = (run_dir / "worker-c-0.pid").read_text().split()[1]
+        assert stamp.startswith("ticks:")
+        real_create_time = psutil.Process.create_time
+        monkeypatch.setattr(psutil.Process, "create_time", lambda self: real_create_time(self) + 30.0)
+        assert processes.alive_pid(run_dir, "worker-c-0") == pid
+        (run_dir / "worker-c-0.pid").write_text(f"{pid} ticks:{int(stamp.removeprefix('ticks:')) - 1}\n")
+        assert processes.alive_pid(run_dir, "worker-c-0") is None
+        (run_dir / "worker-c-0.pid").write_text(f"{pid} {real_create_time(psutil.Process(pid))}\n")  # an older record
+        monkeypatch.undo()
+        assert processes.alive_pid(run_dir, "worker-c-0") == pid
+    finally:
+        psutil.Process(pid).kill()
+    assert processes.wait_gone(pid, 5)
