@@ -24,7 +24,8 @@ leaves a HEALTHY path as it was — frequent for new or changing paths, rare for
    demoted or recovered, a ``quality_alert`` (``quality.alerts``).
 
 A restarted monitor takes each path's last state from the ``profiles`` topic (``restore``).
-``MonitorService`` wires the monitor to Kafka; the monitor itself only calls ``send``.
+``drift_monitor_service.MonitorService`` wires the monitor to Kafka; the monitor itself only calls
+``send``.
 """
 
 from __future__ import annotations
@@ -40,19 +41,19 @@ from phaseroute.engine.canaries import Canary, CanarySet, load_canaries
 from phaseroute.engine.drift import DriftMetrics, aggregate, canary_drift
 from phaseroute.engine.errors import UnknownNameError
 from phaseroute.infra import topics
-from phaseroute.infra.kafka_offsets import end_offsets
-from phaseroute.infra.kafka_security import with_cluster_config
+from phaseroute.schemas.enums import CanaryMode, JobCommandKind, QualityTier
 from phaseroute.schemas.ids import CANARY_TENANT, profile_key, request_id
+from phaseroute.schemas.ops_records import DriftMeasurement, ProfileRow, QualityAlert
+from phaseroute.schemas.records import JobCommand, Request
 from phaseroute.streams.policy import Phase, PoolState
 from phaseroute.streams.policy.quality import PathState, QualityConfig, QualityState, QualityVerdict, step
 
 log = logging.getLogger(__name__)
-CANARY_RESULTS_TOPIC = topics.CANARY_RESULTS
 DRIFT_TOPIC = topics.TELEMETRY_DRIFT
 ALERTS_TOPIC = topics.QUALITY_ALERTS
 PROFILES_TOPIC = topics.PROFILES
 REQUESTS_TOPIC = topics.REQUESTS_PENDING
-MODES = ("GREEDY", "FORCED")
+MODES = tuple(CanaryMode)
 KEEP_CLOSED = 200  # closed rounds kept in memory (for reports and tests)
 Send = Callable[[str, str, str, dict[str, Any]], None]  # (topic, key, kind, record)
 
@@ -108,7 +109,7 @@ class OpenRound:
     path: Path
     number: int
     started_at: float
-    expected: dict[str, tuple[str, str]]  # request_id -> (canary_id, mode)
+    expected: dict[str, tuple[str, CanaryMode]]  # request_id -> (canary_id, mode)
     job_id: str = ""  # the canaries' job id in the control plane (what a withdrawal names)
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -129,21 +130,21 @@ def paths_of(pools: Iterable[PoolState], models: Iterable[str]) -> list[Path]:
     return out
 
 
-def canary_request(cs: CanarySet, canary: Canary, mode: str, path: Path, job_id: str, now: float) -> dict[str, Any]:
+def canary_request(cs: CanarySet, canary: Canary, mode: CanaryMode, path: Path, job_id: str, now: float) -> dict[str, Any]:
     """The ``request`` (for ``requests.pending``) of one canary run pinned to ``path``."""
-    rid = request_id(job_id, f"{path.label}/{canary.canary_id}/{mode}")
-    forced = mode == "FORCED"
+    rid = request_id(job_id, f"{path.label}/{canary.canary_id}/{mode.value}")
+    forced = mode is CanaryMode.FORCED
     max_tokens = len(canary.tokens) if forced else cs.max_tokens
     now_ms = int(now * 1000)
     return {
-        "request_id": rid, "job_id": job_id, "tenant": CANARY_TENANT, "custom_id": f"{canary.canary_id}/{mode}",
+        "request_id": rid, "job_id": job_id, "tenant": CANARY_TENANT, "custom_id": f"{canary.canary_id}/{mode.value}",
         "priority": 0, "submitted_at": now_ms, "deadline": now_ms + 3_600_000, "model": path.model,
         "prompt": canary.prompt, "prompt_tokens": len(canary.prompt_ids), "max_tokens": max_tokens,
         "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": max_tokens, "seed": None, "stop": []},
-        "quality_tier": "EXACT", "quality_tolerance": None, "pinned_prefill_pool": path.src,
+        "quality_tier": QualityTier.EXACT.value, "quality_tolerance": None, "pinned_prefill_pool": path.src,
         "pinned_decode_pool": path.dst,
         "canary": {
-            "canary_id": f"{cs.model}/{cs.version}/{canary.canary_id}", "mode": mode,
+            "canary_id": f"{cs.model}/{cs.version}/{canary.canary_id}", "mode": mode.value,
             "forced_token_ids": list(canary.tokens) if forced else [],
             "probe_token_ids": [i for row in canary.top_ids for i in row] if forced else [],
             "probe_width": cs.top_k if forced else 0,
@@ -162,11 +163,11 @@ def round_metrics(cs: CanarySet, rnd: OpenRound) -> DriftMetrics | None:
         runs = by_canary.get(canary.canary_id, {})
         if set(runs) != set(MODES):
             continue
-        trace = runs["FORCED"].get("canary_trace") or {"argmax_ids": [], "probe_logprobs": []}
+        trace = runs[CanaryMode.FORCED].get("canary_trace") or {"argmax_ids": [], "probe_logprobs": []}
         width, lps = cs.top_k, trace["probe_logprobs"]
         probes = [lps[i * width : (i + 1) * width] for i in range(len(trace["argmax_ids"]))]
         drifts.append(canary_drift(canary.canary_id, canary.tokens, canary.top_logprobs,
-                                   runs["GREEDY"]["output_token_ids"], trace["argmax_ids"], probes))
+                                   runs[CanaryMode.GREEDY]["output_token_ids"], trace["argmax_ids"], probes))
     return aggregate(drifts) if drifts else None
 
 
@@ -258,7 +259,7 @@ class DriftMonitor:
                     work = canary_request(cs, canary, mode, path, job_id, now)
                     rnd.expected[work["request_id"]] = (canary.canary_id, mode)
                     self.open[work["request_id"]] = rnd
-                    self.send(REQUESTS_TOPIC, CANARY_TENANT, "request", work)
+                    self.send(REQUESTS_TOPIC, CANARY_TENANT, Request.KIND, work)
             self.last_start[path] = now
             started.append(rnd)
         return started
@@ -313,14 +314,14 @@ class DriftMonitor:
         self.closed.append((rnd, metrics, verdict))
         pair_key = f"{p.model}|{p.src}|{p.dst}"
         record = drift_record(rnd, cs, metrics, verdict, received, now)
-        self.send(self.config.drift_topic, pair_key, "drift_measurement", record)
+        self.send(self.config.drift_topic, pair_key, DriftMeasurement.KIND, record)
         if verdict.decided:
             key, row = quality_row(rnd, cs, metrics, verdict, self.config, now)
-            self.send(self.config.profiles_topic, key, "profile_row", row)
+            self.send(self.config.profiles_topic, key, ProfileRow.KIND, row)
         if verdict.alert is not None:
             kind = verdict.alert.name
             log.warning("quality alert: %s %s (%s)", p.label, kind, verdict.reason or "canaries pass again")
-            self.send(self.config.alerts_topic, pair_key, "quality_alert", {
+            self.send(self.config.alerts_topic, pair_key, QualityAlert.KIND, {
                 "alert_id": f"{pair_key}|{kind}|{rnd.number}", "model": p.model, "prefill_pool": p.src,
                 "decode_pool": p.dst, "colocated": p.colocated, "kind": kind,
                 "reason": verdict.reason or f"canaries pass the recovery thresholds in {self.config.quality.recover_after} rounds",
@@ -330,72 +331,11 @@ class DriftMonitor:
     def _withdraw(self, rnd: OpenRound, received: int, now: float) -> None:
         """A round closed before all its canaries came back: the control plane drops those
         still queued (a CANCEL of the round's canary job), so they take no more of the share."""
-        self.send(topics.JOBS_COMMANDS, rnd.job_id, "job_command", {
-            "job_id": rnd.job_id, "tenant": CANARY_TENANT, "command": "CANCEL", "at": int(now * 1000),
+        self.send(topics.JOBS_COMMANDS, rnd.job_id, JobCommand.KIND, {
+            "job_id": rnd.job_id, "tenant": CANARY_TENANT, "command": JobCommandKind.CANCEL.value, "at": int(now * 1000),
             "reason": f"drift round {rnd.number} on {rnd.path.label} closed with {received} of {len(rnd.expected)} canaries"})
 
     def tick(self, pools: Iterable[PoolState], now: float | None = None) -> None:
         now = time.time() if now is None else now
         self.close_due(now)
         self.dispatch(pools, now)
-
-
-class MonitorService:
-    """The monitor on Kafka: pools from heartbeats, results from ``canary.results``, records out."""
-
-    def __init__(self, bootstrap: str, config: MonitorConfig, dead_after_s: float = 8.0) -> None:
-        from phaseroute.consumers.kafka_clients import TrackedProducer
-        from phaseroute.infra.topic_follower import TopicFollower
-        from phaseroute.streams.views import PoolView
-
-        self.bootstrap = bootstrap
-        self.producer = TrackedProducer(bootstrap, f"drift-monitor.{uuid.uuid4().hex[:6]}")
-        self.monitor = DriftMonitor(config, self._send)
-        self.pools = PoolView(dead_after_s=dead_after_s)
-        self.follower = TopicFollower(bootstrap, topics.POOLS_HEARTBEAT, "pool_heartbeat", self.pools.on_record)
-        self.consumer: Any = None
-
-    def _send(self, topic: str, key: str, kind: str, record: dict[str, Any]) -> None:
-        from phaseroute.schemas import serde
-
-        self.producer.produce(topic, key, serde.encode(kind, record))
-
-    def start(self, restore_timeout_s: float = 15.0) -> None:
-        """Restore path states from ``profiles``, follow heartbeats, read results from now on."""
-        from confluent_kafka import Consumer, TopicPartition
-
-        from phaseroute.infra.topic_follower import TopicFollower
-
-        seen: list[dict[str, Any]] = []
-        profiles = TopicFollower(self.bootstrap, self.monitor.config.profiles_topic, "profile_row", seen.append)
-        profiles.start()
-        profiles.caught_up.wait(restore_timeout_s)
-        profiles.stop()
-        log.info("drift monitor: %d path state(s) restored", self.monitor.restore(seen))
-        self.follower.start()
-        self.consumer = Consumer(with_cluster_config({
-            "bootstrap.servers": self.bootstrap, "group.id": f"drift-monitor-{uuid.uuid4().hex}",
-            "enable.auto.commit": False, "fetch.wait.max.ms": 100}))
-        parts = self.consumer.list_topics(CANARY_RESULTS_TOPIC, timeout=15).topics[CANARY_RESULTS_TOPIC].partitions
-        ends = end_offsets(self.consumer, [TopicPartition(CANARY_RESULTS_TOPIC, p) for p in parts])
-        self.consumer.assign([TopicPartition(CANARY_RESULTS_TOPIC, p, end) for p, end in ends.items()])
-
-    def run_once(self, poll_s: float = 0.5, now: float | None = None) -> None:
-        from phaseroute.schemas.deadletter import Rejected, safe_decode
-
-        for msg in self.consumer.consume(256, poll_s):
-            if msg.error() is None:
-                decoded = safe_decode(msg.value(), msg.key(), topic=msg.topic(), partition=msg.partition(),
-                                      offset=msg.offset(), service="drift-monitor", now_ms=int(time.time() * 1000),
-                                      expected_kind="result")
-                if not isinstance(decoded, Rejected):
-                    self.monitor.on_result(decoded.record)
-        now = time.time() if now is None else now
-        self.monitor.tick(self.pools.states(now, {}, {}).values(), now)
-        self.producer.flush_or_raise()
-
-    def close(self) -> None:
-        self.follower.stop()
-        if self.consumer is not None:
-            self.consumer.close()
-        self.producer.flush_or_raise()

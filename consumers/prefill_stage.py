@@ -30,12 +30,13 @@ from phaseroute.consumers.telemetry_records import BatchCounter, WorkerTag, tele
 from phaseroute.consumers.worker_defaults import PREFILL_MAX_BATCH, PREFILL_MAX_BATCH_TOKENS, PREFILL_MAX_WAIT_S
 from phaseroute.engine.errors import AdmissionError
 from phaseroute.engine.protocol import PrefillItem, PrefillResult, TokenProbe
+from phaseroute.schemas.enums import CanaryMode
 
 
 def probe_of(record: dict[str, Any]) -> TokenProbe | None:
     """The engine probe of a FORCED canary's ``canary`` field; None for real work and GREEDY canaries."""
     canary = record.get("canary")
-    if not canary or canary["mode"] != "FORCED":
+    if not canary or canary["mode"] != CanaryMode.FORCED:
         return None
     ids, width = canary["probe_token_ids"], canary["probe_width"]
     probe_ids = tuple(tuple(ids[i : i + width]) for i in range(0, len(ids), width)) if width > 0 else ()

@@ -27,6 +27,7 @@ longest interval (the wait depends on where in the interval the path turns).
 
 from __future__ import annotations
 
+import enum
 import heapq
 import itertools
 import statistics
@@ -36,8 +37,10 @@ from typing import Any
 
 from phaseroute.consumers.drift_monitor import REQUESTS_TOPIC, DriftMonitor, MonitorConfig
 from phaseroute.engine.canaries import Canary, CanarySet, load_canaries
-from phaseroute.schemas.enums import Phase, QualityAlertKind, QualityTier
+from phaseroute.schemas.enums import CanaryMode, Phase, QualityAlertKind, QualityTier, ResultStatus
 from phaseroute.schemas.ids import CANARY_TENANT
+from phaseroute.schemas.ops_records import DriftMeasurement, QualityAlert
+from phaseroute.schemas.records import JobCommand
 from phaseroute.streams import policy as P
 from phaseroute.streams.core import (
     ControlCore,
@@ -57,6 +60,14 @@ MODEL = "smollm2-135m"  # the model with a bundled canary set
 POOL = "colo"
 FLOOD = "flood"
 CONTEXT = 2048
+
+
+class _Due(enum.Enum):
+    """What an entry of the run's event queue is due for."""
+
+    TICK = enum.auto()  # the control core's tick
+    BEAT = enum.auto()  # the pool's heartbeat and the monitor's tick
+    DONE = enum.auto()  # a dispatched request's service time ended
 
 
 @dataclass(frozen=True)
@@ -98,8 +109,8 @@ class FakeLoss:
                 tokens[pos] = canary.top_ids[pos][1]
                 probes[pos][0], probes[pos][1] = probes[pos][1], probes[pos][0]
         trace = {"argmax_ids": tokens, "probe_logprobs": [lp for row in probes for lp in row[:width]]}
-        return {"request_id": rid, "status": "OK", "canary": {"mode": mode},
-                "output_token_ids": tokens, "canary_trace": trace if mode == "FORCED" else None}
+        return {"request_id": rid, "status": ResultStatus.OK.value, "canary": {"mode": mode},
+                "output_token_ids": tokens, "canary_trace": trace if mode == CanaryMode.FORCED else None}
 
 
 @dataclass
@@ -133,7 +144,7 @@ class _Run:
                             fair=P.FairConfig(tenant_weights={FLOOD: 1.0}, default_max_in_flight=4 * self.pool.rows))
         self.core = ControlCore(config, seed=1)
         self.monitor = DriftMonitor(self.monitor_config, self._monitor_sent, {MODEL: self.canaries})
-        self.events: list[tuple[float, int, str, Any]] = []
+        self.events: list[tuple[float, int, _Due, Any]] = []
         self.seq = itertools.count()
         self.running: dict[str, tuple[int, int]] = {}  # request id -> (prompt, output) tokens
         self.canary_of: dict[str, tuple[Canary, str]] = {}
@@ -148,13 +159,13 @@ class _Run:
             canary_id, mode = str(record["custom_id"]).rsplit("/", 1)
             self.canary_of[record["request_id"]] = (self.by_id[canary_id], mode)
             self._feed(self.core.handle(request_queued(record), self.now), self.now)
-        elif kind == "job_command":  # a closed round's late canaries are withdrawn
+        elif kind == JobCommand.KIND:  # a closed round's late canaries are withdrawn
             command = cancel(record)
             if command is not None:
                 self._feed(self.core.handle(command, self.now), self.now)
-        elif kind == "drift_measurement":
+        elif kind == DriftMeasurement.KIND:
             self.closed_at[int(record["round"])] = self.now
-        elif kind == "quality_alert" and record["kind"] == QualityAlertKind.DEMOTED.name and self.detected_at is None:
+        elif kind == QualityAlert.KIND and record["kind"] == QualityAlertKind.DEMOTED.name and self.detected_at is None:
             self.detected_at = self.now
 
     def _feed(self, decisions: Sequence[Any], now: float) -> None:
@@ -169,7 +180,7 @@ class _Run:
                 if d.work.request_id in self.canary_of:
                     output = len(self.canary_of[d.work.request_id][0].tokens)
                 self.running[d.work.request_id] = (prompt, output)
-                heapq.heappush(self.events, (now + self.pool.service_s(prompt, output), next(self.seq), "done", d.work))
+                heapq.heappush(self.events, (now + self.pool.service_s(prompt, output), next(self.seq), _Due.DONE, d.work))
 
     def _pool_state(self, now: float) -> P.PoolState:
         return P.PoolState(name=POOL, alive=True, phases=frozenset({Phase.PREFILL, Phase.DECODE}),
@@ -198,24 +209,24 @@ class _Run:
         self._feed(self.core.handle(JobSubmitted("flood-job", FLOOD, MODEL, 1, 0.0, 10 * self.until_s,
                                                  QualityTier.EXACT, 0.0, 0.0, prompts), 0.0), 0.0)
         tick = self.core.config.tick_s
-        for kind, period in (("tick", tick), ("beat", 1.0)):
-            heapq.heappush(self.events, (0.0, next(self.seq), kind, period))
+        for due, period in ((_Due.TICK, tick), (_Due.BEAT, 1.0)):
+            heapq.heappush(self.events, (0.0, next(self.seq), due, period))
         while self.events and self.detected_at is None:
-            t, _, kind, payload = heapq.heappop(self.events)
+            t, _, due, payload = heapq.heappop(self.events)
             if t > self.until_s:
                 break
             self.now = t
-            if kind == "done":
+            if due is _Due.DONE:
                 self._done(payload, t)
                 continue
-            if kind == "tick":
+            if due is _Due.TICK:
                 self._feed(self.core.tick(t), t)
                 while self.core.more_to_release:
                     self._feed(self.core.tick(t), t)
             else:  # the heartbeat and the monitor's own tick
                 self.core.handle(FleetObserved((self._pool_state(t),)), t)
                 self.monitor.tick([self._pool_state(t)], t)
-            heapq.heappush(self.events, (t + payload, next(self.seq), kind, payload))
+            heapq.heappush(self.events, (t + payload, next(self.seq), due, payload))
         detected = None if self.detected_at is None else self.detected_at - self.loss.lossy_at_s
         durations = [self.closed_at[rnd.number] - rnd.started_at for rnd, _, _ in self.monitor.closed
                      if rnd.number in self.closed_at]

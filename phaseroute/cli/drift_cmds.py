@@ -43,7 +43,8 @@ def monitor(
     recover_after: int = typer.Option(3, "--recover-after", min=1, help="Passing rounds in a row that restore a demoted path."),
 ) -> None:
     """Run the drift monitor until SIGTERM: canaries per pool and path, drift to ClickHouse, quality to the router."""
-    from phaseroute.consumers.drift_monitor import MonitorConfig, MonitorService
+    from phaseroute.consumers.drift_monitor import MonitorConfig
+    from phaseroute.consumers.drift_monitor_service import MonitorService
     from phaseroute.streams.policy.quality import QualityConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

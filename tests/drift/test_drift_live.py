@@ -31,7 +31,8 @@ import pytest
 from confluent_kafka import Consumer
 
 from phaseroute.config import load_settings
-from phaseroute.consumers.drift_monitor import MonitorConfig, MonitorService
+from phaseroute.consumers.drift_monitor import MonitorConfig
+from phaseroute.consumers.drift_monitor_service import MonitorService
 from phaseroute.consumers.phase_handler import KVBitflips
 from phaseroute.consumers.worker import WorkerOptions, build_phase_worker
 from phaseroute.infra import provision, topics
