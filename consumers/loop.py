@@ -194,10 +194,7 @@ class WorkerLoop:
             return self.config.poll_timeout_s
         if self.handler.batch_ready(now):
             return 0.0
-        due_in: Callable[[float], float] | None = getattr(self.handler, "due_in", None)
-        if due_in is None:  # a handler that cannot say: poll without waiting, as before
-            return 0.0
-        return min(self.config.poll_timeout_s, max(0.0, due_in(now)))
+        return min(self.config.poll_timeout_s, max(0.0, self.handler.due_in(now)))
 
     # -- produce and commit ----------------------------------------------------------
     def _finish(self, completions: list[Completion]) -> None:

@@ -111,7 +111,8 @@ def _started(pid: int) -> str:
 def _same_start(proc: psutil.Process, stamp: str) -> bool:
     if stamp.startswith("ticks:"):
         return _start_ticks(proc.pid) == int(stamp.removeprefix("ticks:"))
-    return abs(proc.create_time() - float(stamp)) <= 1.0  # a record from before ticks were kept
+    started: float = proc.create_time()
+    return abs(started - float(stamp)) <= 1.0  # a record from before ticks were kept
 
 
 def _write_records(run_dir: Path, name: str, pid: int, record: Record) -> None:

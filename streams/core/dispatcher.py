@@ -95,6 +95,7 @@ class Dispatcher:
         self._budget = 0  # ...with this many of its tick's free slots left to release
         # a speculative copy goes to another pool or nowhere (never back where the request runs)
         self._copy_router = replace(config.router, relax_avoid_when_empty=False)
+        self.route = route  # the policy's router (a field: ``sim/tick_bench`` times its calls)
 
     # -- helpers -------------------------------------------------------------------------------
     def _next_seq(self) -> int:
@@ -281,7 +282,7 @@ class Dispatcher:
                  avoid: frozenset[str] = frozenset()) -> Dispatch | NoPlacement:
         work = state.work if not avoid else replace(state.work, avoid_pools=state.work.avoid_pools | avoid)
         router = self._copy_router if speculative else self.config.router
-        decision = route(work, self.fleet.states(), self.table, self.router_state, router, now, self.rng)
+        decision = self.route(work, self.fleet.states(), self.table, self.router_state, router, now, self.rng)
         if isinstance(decision, NoPlacement):
             return decision
         self.router_state.record(decision, work, now, self.config.router)

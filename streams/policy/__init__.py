@@ -15,20 +15,27 @@ from .admission import (
     AdmissionConfig,
     Admitted,
     BacklogJob,
-    FleetRate,
     JobSpec,
     ModelSpec,
     RejectCode,
     Rejected,
     TenantQuota,
     admit,
-    fleet_rate,
     format_time,
     request_id,
     split_job,
 )
 from .confidence import ConfidenceConfig, EffectiveProfile, confidence, effective_link, effective_profile
-from .cost_model import PhaseOption, estimate_path, fleet_tokens_per_s, join_batch, service_time, transfer_time
+from .cost_model import (
+    FleetRate,
+    PhaseOption,
+    estimate_path,
+    fleet_rate,
+    fleet_tokens_per_s,
+    join_batch,
+    service_time,
+    transfer_time,
+)
 from .fairness import FairConfig, FairScheduler, FreeCapacity, Release, SchedulerOutput, TenantReport
 from .feasibility import QueuedWork, check_deadline, earliest_feasible_deadline
 from .filters import measured_quality_refusal

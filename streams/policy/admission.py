@@ -23,7 +23,7 @@ from phaseroute.schemas import ids
 
 from . import _checks
 from .confidence import ConfidenceConfig, effective_profile
-from .cost_model import fleet_tokens_per_s
+from .cost_model import FleetRate, fleet_rate
 from .feasibility import QueuedWork, check_deadline
 from .types import Phase, PoolState, ProfileTable, QualityTier, RequestWork
 
@@ -245,22 +245,6 @@ def _check_quota(job: JobSpec, backlog: Sequence[BacklogJob], quota: TenantQuota
             f" {quota.max_queued_tokens}; split the job or wait",
         )
     return None
-
-
-@dataclass(frozen=True, slots=True)
-class FleetRate:
-    """The fleet's useful tokens per second for one model: what admission converts work into seconds with."""
-
-    prefill_tokens_per_s: float
-    decode_tokens_per_s: float
-
-
-def fleet_rate(model: str, pools: Iterable[PoolState], profiles: ProfileTable, now: float,
-               config: ConfidenceConfig) -> FleetRate:
-    """Every alive, profiled pool's useful throughput for ``model``, per phase."""
-    pools = list(pools)
-    return FleetRate(fleet_tokens_per_s(model, Phase.PREFILL, pools, profiles, now, config),
-                     fleet_tokens_per_s(model, Phase.DECODE, pools, profiles, now, config))
 
 
 class _Rates:

@@ -12,6 +12,9 @@ Dollars of a path: each phase's share of its pool's price for the seconds it hol
 slot, plus, when disaggregated, the KV bytes moved times the price of inter-pool traffic
 (``RouterConfig.transfer_usd_per_gb``; 0 when moving KV costs nothing but time). The path has
 no dollar figure (None) when either pool has no price.
+
+The fleet's rate for a model (``fleet_rate``: the useful tokens/s of every alive, profiled pool
+per phase) is what admission turns a job's tokens into seconds with.
 """
 
 from __future__ import annotations
@@ -242,3 +245,19 @@ def fleet_tokens_per_s(
         if eff is not None:
             total += pool_tokens_per_s(pool, eff.row)
     return total
+
+
+@dataclass(frozen=True, slots=True)
+class FleetRate:
+    """The fleet's useful tokens per second for one model: what admission converts work into seconds with."""
+
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+
+
+def fleet_rate(model: str, pools: Iterable[PoolState], profiles: ProfileTable, now: float,
+               config: ConfidenceConfig) -> FleetRate:
+    """Every alive, profiled pool's useful throughput for ``model``, per phase."""
+    pools = list(pools)
+    return FleetRate(fleet_tokens_per_s(model, Phase.PREFILL, pools, profiles, now, config),
+                     fleet_tokens_per_s(model, Phase.DECODE, pools, profiles, now, config))

@@ -37,6 +37,9 @@ class DoneAtOnce:
     def batch_ready(self, waited_s: float) -> bool:
         return False
 
+    def due_in(self, now: float) -> float:
+        return 0.0
+
     def admit(self, items: list[WorkItem]) -> list[Completion]:
         self.seen += [item.offset for item in items]
         return [Completion(item) for item in items]

@@ -27,10 +27,6 @@ class Gathering:
         return self.due
 
 
-class Silent(Gathering):
-    due_in = None  # type: ignore[assignment]  # a handler that cannot say when its batch is due
-
-
 def _loop(handler: Any) -> WorkerLoop:
     # clients are created but never used: nothing here talks to a broker
     return WorkerLoop(LoopConfig("127.0.0.1:1", "g", "c", {"t": "result"}, "test", poll_timeout_s=0.2), handler)
@@ -41,4 +37,3 @@ def test_poll_waits_until_the_batch_is_due_and_never_longer_than_the_timeout() -
     assert _loop(Gathering(items=3, ready=True))._poll_wait_s(0.0) == 0.0  # work to run now
     assert _loop(Gathering(items=3, due=0.05))._poll_wait_s(0.0) == 0.05  # a micro-batch due soon
     assert _loop(Gathering(items=3, due=0.9))._poll_wait_s(0.0) == 0.2  # a sink flush later: capped
-    assert _loop(Silent(items=3))._poll_wait_s(0.0) == 0.0  # unknown: poll without waiting, as before

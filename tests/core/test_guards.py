@@ -109,20 +109,18 @@ def test_an_exception_in_a_recovery_step_does_not_stop_release(function: str, mo
 def test_a_request_whose_placement_raises_is_retried_then_fails_with_the_reason(monkeypatch) -> None:
     """Placing one request raises every time: the other requests run; that one is retried as a
     failed attempt and gives up with the exception in its failed result; the job still ends."""
-    import phaseroute.streams.core.dispatcher as dispatcher
-
     now = 1000.0
     c = core(now)
     admit(c, job("j", 3, now), now)
     bad = next(iter(sorted(c.dispatch.requests)))
-    original = dispatcher.route
+    original = c.dispatch.route
 
     def route(work, *args, **kwargs):  # type: ignore[no-untyped-def]
         if work.request_id == bad:
             raise Boom("this request's data breaks the router")
         return original(work, *args, **kwargs)
 
-    monkeypatch.setattr(dispatcher, "route", route)
+    monkeypatch.setattr(c.dispatch, "route", route)
     failed: list[FailRequest] = []
     t = now
     for _ in range(2000):
