@@ -15,8 +15,9 @@ PROFILER row from ``profiles`` (bounded by a timeout; none found: the configured
 ``TokenBudget.observe`` keeps the running mean of the prompts the worker accepted, and
 ``tokens()`` is efficient batch x mean prompt tokens, within ``[1 prompt, max_batch_tokens]``
 (``budget_batch_size``: a curve still rising at its largest measured batch leaves the ceiling).
-``efficient_batch_size``, ``budget_batch_size`` and ``TokenBudget`` are pure; only the loader
-touches Kafka.
+``PaddingRule`` bounds the padding a prompt may add to a batch by what it saves, from the
+worker's own batch times. ``efficient_batch_size``, ``budget_batch_size``, ``TokenBudget`` and
+``PaddingRule`` are pure; only the loader touches Kafka.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from phaseroute.schemas.enums import Phase, ProfileSource
@@ -80,6 +81,45 @@ class TokenBudget:
         if self.efficient_batch is None or not self.prompts_seen:
             return self.ceiling
         return max(1, min(self.ceiling, round(self.efficient_batch * self.mean_prompt_tokens)))
+
+
+@dataclass
+class PaddingRule:
+    """How many padded positions a prompt may add to a micro-batch, from the worker's own batches.
+
+    A forward pass costs a fixed time (reading every weight once) plus time per position it
+    computes: ``seconds = fixed_s + positions / positions_per_s``, fitted by least squares to the
+    last ``window`` batches this worker ran (positions = prompts x the longest prompt). Joining a
+    batch saves a prompt one fixed cost and costs the positions its padding adds, so it pays
+    while those positions are at most ``fixed_s x positions_per_s`` (``break_even_positions``).
+    On these CPUs that is a few dozen positions (a 48-token prompt joins 64-token ones, a 384-token
+    one does not join 512-token ones), where a fixed 25% share let batches compute 17-21% padding
+    (``bench pipeline``, 2026-12-07); on an accelerator, where the fixed cost is most of a pass, it
+    is thousands. None until the batches seen span enough sizes to fit (``pick_batch`` then keeps
+    its share bound alone).
+    """
+
+    window: int = 32
+    batches: list[tuple[int, float]] = field(default_factory=list)  # (positions, seconds)
+
+    def observe(self, positions: int, seconds: float) -> None:
+        if positions >= 1 and seconds > 0:
+            self.batches = [*self.batches[1 - self.window:], (positions, seconds)]
+
+    def break_even_positions(self) -> float | None:
+        n = len(self.batches)
+        if n < 4:
+            return None
+        mean_p = sum(p for p, _ in self.batches) / n
+        mean_s = sum(s for _, s in self.batches) / n
+        spread = sum((p - mean_p) ** 2 for p, _ in self.batches)
+        if spread < (0.25 * mean_p) ** 2 * n:  # batches of about one size: nothing to fit
+            return None
+        per_position = sum((p - mean_p) * (s - mean_s) for p, s in self.batches) / spread
+        fixed_s = mean_s - per_position * mean_p
+        if per_position <= 0 or fixed_s <= 0:
+            return 0.0 if per_position > 0 else None  # no fixed cost to save: padding never pays
+        return fixed_s / per_position
 
 
 def load_prefill_curve(bootstrap: str, topic: str, model: str, pool: str, variant: str, timeout_s: float = 5.0,

@@ -7,7 +7,8 @@ dead-letter topic). Accepted items wait until the waiting ones hold ``max_batch`
 ``max_batch_tokens`` prompt tokens (the token budget: ``prefill_budget`` derives it from the
 pool's measured profile), or the first has waited ``max_wait_s``; ``run`` then prefills one
 micro-batch (``pick_batch``: the oldest waiting item and those nearest its length, within the
-budget and a padding bound, since a batch computes every prompt at its longest one's length)
+budget and two padding bounds, a share and what a join saves (``prefill_budget.PaddingRule``,
+from this worker's batch times), since a batch computes every prompt at its longest one's length)
 together (one batch = one telemetry record) and returns each item's KV, first token and
 timings to the worker. The stage holds up to ``lookahead`` micro-batches' worth of prompts
 (``MicroBatchLimits.held``, what a prefill-only worker's heartbeats offer the control plane), so
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from phaseroute.consumers.handler import Completion, Output, WorkItem
-from phaseroute.consumers.prefill_budget import TokenBudget
+from phaseroute.consumers.prefill_budget import PaddingRule, TokenBudget
 from phaseroute.consumers.telemetry_records import BatchCounter, WorkerTag, telemetry_output
 from phaseroute.consumers.worker_defaults import PREFILL_MAX_BATCH, PREFILL_MAX_BATCH_TOKENS, PREFILL_MAX_WAIT_S
 from phaseroute.engine.errors import AdmissionError
@@ -71,12 +72,13 @@ share of its padded positions: prompts of very different lengths are not batched
 
 
 def pick_batch(lengths: list[int], max_items: int, budget_tokens: int,
-               max_padding_share: float = MAX_PADDING_SHARE) -> list[int]:
+               max_padding_share: float = MAX_PADDING_SHARE, max_added_padding: float | None = None) -> list[int]:
     """Indices (into ``lengths``, the waiting prompts' token counts, oldest first) of the next
     micro-batch: the oldest prompt always (so none waits behind newer ones for ever), then the
     others nearest its length (the older first on a tie) while the batch has at most
-    ``max_items`` prompts and ``budget_tokens`` prompt tokens and its padding share stays within
-    ``max_padding_share``. Returned oldest first."""
+    ``max_items`` prompts and ``budget_tokens`` prompt tokens, its padding share stays within
+    ``max_padding_share`` and (when given) no prompt adds more than ``max_added_padding`` padded
+    positions (``prefill_budget.PaddingRule``). Returned oldest first."""
     if not lengths:
         return []
     head = lengths[0]
@@ -86,8 +88,11 @@ def pick_batch(lengths: list[int], max_items: int, budget_tokens: int,
         wider = max(longest, n)
         if len(chosen) >= max_items or tokens + n > budget_tokens:
             break
-        if 1.0 - (tokens + n) / (wider * (len(chosen) + 1)) > max_padding_share:
+        padded = wider * (len(chosen) + 1)
+        if 1.0 - (tokens + n) / padded > max_padding_share:
             continue  # a prompt farther from the head's length than this one may still fit
+        if max_added_padding is not None and padded - longest * len(chosen) - n > max_added_padding:
+            continue
         chosen.append(i)
         tokens, longest = tokens + n, wider
     return sorted(chosen)
@@ -109,6 +114,7 @@ class PrefillStage:
         self.batches = batches
         self.limits = limits
         self.budget = TokenBudget(limits.max_batch_tokens, efficient_batch)
+        self.padding = PaddingRule()
         self.waiting: list[_Waiting] = []
         self.first_at: float | None = None
         self.running: list[_Waiting] = []  # the batch of the prefill job in progress
@@ -166,6 +172,7 @@ class PrefillStage:
         self.running, self.job = [], None
         elapsed = time.time() - self.job_started
         lens = [len(w.token_ids) for w in batch]
+        self.padding.observe(len(lens) * max(lens), job.compute_s)
         waits = [max(0.0, self.job_started - w.item.record["dispatched_at"] / 1000) for w in batch]
         telemetry = telemetry_output(
             self.tag, self.batches.next_id(), "PREFILL", batch_size=len(batch), tokens_in=sum(lens),
@@ -177,7 +184,8 @@ class PrefillStage:
 
     def _start(self) -> None:
         """Take one micro-batch (``pick_batch``) off the queue and start its prefill job."""
-        picked = pick_batch([len(w.token_ids) for w in self.waiting], self.limits.max_batch, self.budget.tokens())
+        picked = pick_batch([len(w.token_ids) for w in self.waiting], self.limits.max_batch, self.budget.tokens(),
+                            max_added_padding=self.padding.break_even_positions())
         batch = [self.waiting[i] for i in picked]
         taken = set(picked)
         self.waiting = [w for i, w in enumerate(self.waiting) if i not in taken]

@@ -50,3 +50,35 @@ def test_every_prompt_is_taken_exactly_once_and_the_oldest_first(seed):
         taken += [waiting[i][0] for i in picked]
         waiting = [w for i, w in enumerate(waiting) if i not in set(picked)]
     assert sorted(taken) == list(range(40))
+
+
+def test_a_prompt_joins_only_while_the_padding_it_adds_is_worth_a_forward_pass():
+    lengths = [512, 384, 512, 48]
+    assert pick_batch(lengths, 8, 4096) == [0, 1, 2]  # the share alone: 384 rides with 512 (pad 8%)
+    assert pick_batch(lengths, 8, 4096, max_added_padding=50) == [0, 2]  # 384 would add 128 padded positions
+    assert pick_batch([64, 48, 64], 8, 4096, max_added_padding=50) == [0, 1, 2]  # 48 adds 16
+    assert pick_batch([48, 64, 64], 8, 4096, max_added_padding=50) == [0, 1, 2]  # widening to 64 adds 16, then 0
+    assert pick_batch([48, 64], 8, 4096, max_added_padding=0) == [0]
+
+
+def test_the_padding_rule_fits_the_fixed_cost_of_a_pass_from_the_batches_run():
+    from phaseroute.consumers.prefill_budget import PaddingRule
+
+    rule = PaddingRule()
+    assert rule.break_even_positions() is None  # nothing run yet
+    fixed_s, per_s = 0.11, 450.0
+    for positions in (39, 64, 400, 1024, 2048, 4096):
+        rule.observe(positions, fixed_s + positions / per_s)
+    assert rule.break_even_positions() == pytest.approx(fixed_s * per_s, rel=1e-6)  # ~50 positions
+    same = PaddingRule()
+    for _ in range(8):
+        same.observe(512, 1.3)
+    assert same.break_even_positions() is None  # one batch size: nothing to fit
+    free = PaddingRule()
+    for positions in (100, 200, 400, 800):
+        free.observe(positions, positions / per_s - 0.01)  # no fixed cost (the fit's is below 0): padding never pays
+    assert free.break_even_positions() == 0.0
+    window = PaddingRule(window=4)
+    for positions in (10, 20, 40, 80, 160, 320):
+        window.observe(positions, 1.0 + positions / per_s)
+    assert [p for p, _ in window.batches] == [40, 80, 160, 320]
