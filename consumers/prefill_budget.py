@@ -104,7 +104,7 @@ class PaddingRule:
 
     def observe(self, positions: int, seconds: float) -> None:
         if positions >= 1 and seconds > 0:
-            self.batches = [*self.batches[1 - self.window:], (positions, seconds)]
+            self.batches = [*self.batches, (positions, seconds)][-self.window:]
 
     def break_even_positions(self) -> float | None:
         n = len(self.batches)

@@ -82,3 +82,7 @@ def test_the_padding_rule_fits_the_fixed_cost_of_a_pass_from_the_batches_run():
     for positions in (10, 20, 40, 80, 160, 320):
         window.observe(positions, 1.0 + positions / per_s)
     assert [p for p, _ in window.batches] == [40, 80, 160, 320]
+    one = PaddingRule(window=1)
+    one.observe(10, 1.0)
+    one.observe(20, 1.0)
+    assert one.batches == [(20, 1.0)]
