@@ -25,7 +25,6 @@ from phaseroute.schemas.ops_records import PoolHeartbeat, ProfileRow
 from phaseroute.schemas.records import Result
 
 log = logging.getLogger(__name__)
-CANARY_RESULTS_TOPIC = topics.CANARY_RESULTS
 
 
 class MonitorService:
@@ -64,9 +63,10 @@ class MonitorService:
         self.consumer = Consumer(with_cluster_config({
             "bootstrap.servers": self.bootstrap, "group.id": f"drift-monitor-{uuid.uuid4().hex}",
             "enable.auto.commit": False, "fetch.wait.max.ms": 100}))
-        parts = self.consumer.list_topics(CANARY_RESULTS_TOPIC, timeout=15).topics[CANARY_RESULTS_TOPIC].partitions
-        ends = end_offsets(self.consumer, [TopicPartition(CANARY_RESULTS_TOPIC, p) for p in parts])
-        self.consumer.assign([TopicPartition(CANARY_RESULTS_TOPIC, p, end) for p, end in ends.items()])
+        results = topics.CANARY_RESULTS
+        parts = self.consumer.list_topics(results, timeout=15).topics[results].partitions
+        ends = end_offsets(self.consumer, [TopicPartition(results, p) for p in parts])
+        self.consumer.assign([TopicPartition(results, p, end) for p, end in ends.items()])
 
     def run_once(self, poll_s: float = 0.5, now: float | None = None) -> None:
         from phaseroute.schemas.deadletter import Rejected, safe_decode
