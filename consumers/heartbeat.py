@@ -21,7 +21,7 @@ import psutil
 
 from phaseroute.consumers.kafka_clients import TrackedProducer
 from phaseroute.consumers.lag_probe import LagProbe
-from phaseroute.infra.topics import HEARTBEAT_TOPIC
+from phaseroute.infra.topics import POOLS_HEARTBEAT
 from phaseroute.schemas import serde
 
 
@@ -100,4 +100,4 @@ class Heartbeat:
         }
 
     def beat(self, status: str = "UP") -> None:
-        self.producer.produce(HEARTBEAT_TOPIC, self.identity.worker_id, serde.encode("pool_heartbeat", self.record(status)))
+        self.producer.produce(POOLS_HEARTBEAT, self.identity.worker_id, serde.encode("pool_heartbeat", self.record(status)))

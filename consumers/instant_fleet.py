@@ -19,7 +19,7 @@ from typing import Any
 from confluent_kafka import Consumer, Producer
 
 from phaseroute.infra.provision import provision
-from phaseroute.infra.topics import HEARTBEAT_TOPIC, PROFILES_TOPIC, RESULTS_TOPIC, pool_topics, prefill_topic
+from phaseroute.infra.topics import POOLS_HEARTBEAT, PROFILES, RESULTS, pool_topics, prefill_topic
 from phaseroute.schemas import serde
 from phaseroute.streams.policy import CurvePoint, Phase, ProfileRow, ProfileSource
 from phaseroute.streams.profiles.convert import row_to_avro
@@ -66,7 +66,7 @@ class InstantFleet:
                 row = ProfileRow(MODEL, phase, pool, "fp32", (CurvePoint(1, 1e6), CurvePoint(self.max_batch, 1e7)),
                                  0.001, 0.001, 0.001, 46080.0, 46080.0, 0.0, 1.0, 10_000, now, ProfileSource.PROFILER)
                 key = f"{MODEL}|{phase.name}|{pool}|fp32"
-                self._producer.produce(PROFILES_TOPIC, key=key.encode(), value=serde.encode("profile_row", row_to_avro(row, 60.0)))
+                self._producer.produce(PROFILES, key=key.encode(), value=serde.encode("profile_row", row_to_avro(row, 60.0)))
         self._producer.flush(10)
 
     def _heartbeat(self, pool: str, now: float) -> dict[str, Any]:
@@ -81,7 +81,7 @@ class InstantFleet:
         while not self._stop.is_set():
             now = time.time()
             for pool in self.pools:
-                self._producer.produce(HEARTBEAT_TOPIC, key=f"{pool}-0".encode(),
+                self._producer.produce(POOLS_HEARTBEAT, key=f"{pool}-0".encode(),
                                        value=serde.encode("pool_heartbeat", self._heartbeat(pool, now)))
             if now - last_profiles > 20:  # fresh rows: the router guards against stale ones
                 self._publish_profiles(now)
@@ -101,7 +101,7 @@ class InstantFleet:
                     if msg.error() or value is None:
                         continue
                     _, work = serde.decode(value)
-                    self._producer.produce(RESULTS_TOPIC, key=work["job_id"].encode(),
+                    self._producer.produce(RESULTS, key=work["job_id"].encode(),
                                            value=serde.encode("result", self._result(work)))
                     self.answered += 1
                     self.last_work_at = time.time()

@@ -37,7 +37,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from phaseroute.consumers.handler import Completion, Handler, Output, WorkItem
 from phaseroute.consumers.kafka_clients import TrackedProducer, new_consumer
 from phaseroute.consumers.offsets import OffsetTracker
-from phaseroute.infra.topics import DEADLETTER_TOPIC
+from phaseroute.infra.topics import DEADLETTER
 from phaseroute.schemas import serde
 from phaseroute.schemas.deadletter import Rejected, safe_decode, to_dead_letter
 
@@ -178,7 +178,7 @@ class WorkerLoop:
                 continue
             items.append(WorkItem(tp, offset, decoded.kind, decoded.record, now, msg.timestamp()[1] / 1000.0))
         for tp, _offset, dead in refused:
-            self.producer.produce(DEADLETTER_TOPIC, tp[0], serde.encode("dead_letter", dead))
+            self.producer.produce(DEADLETTER, tp[0], serde.encode("dead_letter", dead))
         if refused:
             self.producer.flush_or_raise()
             for tp, offset, _ in refused:
@@ -202,7 +202,7 @@ class WorkerLoop:
             return
         for done in completions:
             if done.dead_letter_reason is not None:
-                self.producer.produce(DEADLETTER_TOPIC, done.item.tp[0], self._dead_letter(done))
+                self.producer.produce(DEADLETTER, done.item.tp[0], self._dead_letter(done))
                 self.stats["dead_letters"] += 1
             for out in done.outputs:
                 self.producer.produce(out.topic, out.key, serde.encode(out.kind, out.record))

@@ -48,7 +48,7 @@ from phaseroute.consumers.worker_defaults import MAX_DECODE_BATCH
 from phaseroute.engine import kv_codec
 from phaseroute.engine.errors import EngineError, KVFormatError, KVIntegrityError, KVNotFoundError
 from phaseroute.engine.protocol import FinishedSequence, KVCache, PrefillResult
-from phaseroute.infra.topics import ATTEMPTS_FAILED_TOPIC, CANARY_RESULTS_TOPIC, KV_READY_TOPIC, RESULTS_TOPIC, decode_topic
+from phaseroute.infra.topics import ATTEMPTS_FAILED, CANARY_RESULTS, KV_READY, RESULTS, decode_topic
 from phaseroute.streams.policy.lifecycle import attempt_id
 from phaseroute.streams.policy.types import Phase
 
@@ -246,7 +246,7 @@ class PhaseHandler:
                  "prompt_tokens": result.prompt_len, "first_token": result.first_token,
                  "decode_pool": record.get("decode_pool"), "prefill_time_s": result.timings.compute_s + put_s,
                  "queue_wait_s": max(0.0, item.received_at - record["dispatched_at"] / 1000), "created_at": _ms(now)}
-        outputs = [Output(KV_READY_TOPIC, record["job_id"], "kv_ready", ready)]
+        outputs = [Output(KV_READY, record["job_id"], "kv_ready", ready)]
         if record.get("decode_pool"):
             work = {**common, "attempt_id": attempt_id(record["request_id"], Phase.DECODE, record["attempt"]),
                     "attempt": record["attempt"], "pool": record["decode_pool"], "source_pool": self.spec.pool,
@@ -276,7 +276,7 @@ class PhaseHandler:
             "canary_trace": trace_to_avro(seq.trace) if seq.trace is not None else None,
         }
         # drift canaries' results go to the drift monitor, not to the result sink
-        topic = CANARY_RESULTS_TOPIC if record.get("canary") is not None else RESULTS_TOPIC
+        topic = CANARY_RESULTS if record.get("canary") is not None else RESULTS
         return Output(topic, record["job_id"], "result", result)
 
     def _attempt_failed(self, item: WorkItem, phase: Phase, exc: Exception, retryable: bool) -> Output:
@@ -287,7 +287,7 @@ class PhaseHandler:
             "worker_id": self.spec.worker_id, "error_class": type(exc).__name__, "error": str(exc),
             "retryable": retryable, "at": _ms(time.time()),
         }
-        return Output(ATTEMPTS_FAILED_TOPIC, record["job_id"], "attempt_failed", failed)
+        return Output(ATTEMPTS_FAILED, record["job_id"], "attempt_failed", failed)
 
 
 __all__ = ["KVBitflips", "PhaseHandler", "WorkerSpec", "blob_checksum"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phaseroute.consumers.handler import Output
-from phaseroute.infra.topics import TELEMETRY_PHASE_TOPIC
+from phaseroute.infra.topics import TELEMETRY_PHASE
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def telemetry_output(tag: WorkerTag, batch_id: str, phase: str, **numbers: Any) 
     if unknown:
         raise KeyError(f"not phase_telemetry fields: {sorted(unknown)}")
     record.update(numbers)
-    return Output(TELEMETRY_PHASE_TOPIC, tag.pool, "phase_telemetry", record)
+    return Output(TELEMETRY_PHASE, tag.pool, "phase_telemetry", record)
 
 
 @dataclass

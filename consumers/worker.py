@@ -33,12 +33,12 @@ from phaseroute.consumers.worker_defaults import (
     PREFILL_MAX_WAIT_S,
 )
 from phaseroute.infra.topics import (
-    HEARTBEAT_TOPIC,
-    PROFILES_TOPIC,
-    QUALITY_ALERTS_TOPIC,
-    RESULTS_TOPIC,
-    TELEMETRY_DRIFT_TOPIC,
-    TELEMETRY_PHASE_TOPIC,
+    POOLS_HEARTBEAT,
+    PROFILES,
+    QUALITY_ALERTS,
+    RESULTS,
+    TELEMETRY_DRIFT,
+    TELEMETRY_PHASE,
     check_pool_name,
     decode_topic,
     prefill_topic,
@@ -107,7 +107,7 @@ def build_phase_worker(settings: Settings, opts: WorkerOptions, executor: Any = 
     worker_id = opts.worker_id or worker_id_for(opts.pool, opts.phase)
     efficient_batch = None
     if opts.phase in ("prefill", "both") and opts.budget_from_profile:
-        curve = load_prefill_curve(settings.bootstrap_servers, PROFILES_TOPIC, executor.model_name, opts.pool, opts.variant)
+        curve = load_prefill_curve(settings.bootstrap_servers, PROFILES, executor.model_name, opts.pool, opts.variant)
         efficient_batch = budget_batch_size(curve)
         log.info("prefill token budget: efficient batch %s from the profile curve %s", efficient_batch, curve)
     spec = WorkerSpec(
@@ -165,7 +165,7 @@ def build_result_sink(settings: Settings, group_suffix: str = "") -> WorkerLoop:
     handler = ResultSinkHandler(open_blob_store(settings.blob_store), writer=client_id)
     config = LoopConfig(
         bootstrap=settings.bootstrap_servers, group_id="phaseroute.result-sink" + group_suffix,
-        client_id=client_id, topic_kinds={RESULTS_TOPIC: "result"}, service="result-sink",
+        client_id=client_id, topic_kinds={RESULTS: "result"}, service="result-sink",
     )
     return WorkerLoop(config, handler)
 
@@ -186,8 +186,8 @@ def build_telemetry_sink(settings: Settings, group_suffix: str = "", profiles: b
     config = LoopConfig(
         bootstrap=settings.bootstrap_servers, group_id="phaseroute.telemetry-sink" + group_suffix,
         client_id=f"telemetry-sink.{os.getpid()}",
-        topic_kinds={TELEMETRY_PHASE_TOPIC: "phase_telemetry", HEARTBEAT_TOPIC: "pool_heartbeat",
-                     TELEMETRY_DRIFT_TOPIC: "drift_measurement", QUALITY_ALERTS_TOPIC: "quality_alert"},
+        topic_kinds={TELEMETRY_PHASE: "phase_telemetry", POOLS_HEARTBEAT: "pool_heartbeat",
+                     TELEMETRY_DRIFT: "drift_measurement", QUALITY_ALERTS: "quality_alert"},
         service="telemetry-sink", max_poll=1000,  # small records: take many per poll
     )
     builder = service_builder(client, settings.bootstrap_servers, settings.clickhouse_database) if profiles else None

@@ -22,19 +22,6 @@ CONTROL_PARTITIONS = 4
 POOL_PARTITIONS = 6  # up to 6 workers of one phase can share a pool's work
 POOL_NAME = re.compile(r"^[a-z][a-z0-9-]{0,47}$")
 
-# The names code produces to and consumes from; each is declared in STATIC_TOPICS below
-# (tests/infra/test_topics.py checks it), and per-pool names come from prefill_topic/decode_topic.
-JOBS_SUBMITTED_TOPIC = "jobs.submitted"
-KV_READY_TOPIC = "kv.ready"
-RESULTS_TOPIC = "results"
-ATTEMPTS_FAILED_TOPIC = "attempts.failed"
-TELEMETRY_PHASE_TOPIC = "telemetry.phase"
-HEARTBEAT_TOPIC = "pools.heartbeat"
-PROFILES_TOPIC = "profiles"
-CANARY_RESULTS_TOPIC = "canary.results"
-TELEMETRY_DRIFT_TOPIC = "telemetry.drift"
-QUALITY_ALERTS_TOPIC = "quality.alerts"
-DEADLETTER_TOPIC = "deadletter"
 
 
 class UnknownTopicError(KeyError):

@@ -201,7 +201,7 @@ def _profile_new_pools(settings: Any, pools: list[Any]) -> None:
 
 def _submit(settings: Any, job_id: str, texts: list[str], work: list[tuple[list[int], int]]) -> None:
     from phaseroute.cli.jobs_operator import publish
-    from phaseroute.infra.topics import JOBS_SUBMITTED_TOPIC
+    from phaseroute.infra.topics import JOBS_SUBMITTED
 
     now_ms = int(time.time() * 1000)
     record = {
@@ -212,7 +212,7 @@ def _submit(settings: Any, job_id: str, texts: list[str], work: list[tuple[list[
                      for i, (text, (_, m)) in enumerate(zip(texts, work))],
         "input_file": None,
     }
-    publish(settings.bootstrap_servers, JOBS_SUBMITTED_TOPIC, job_id, "job_submitted", record)
+    publish(settings.bootstrap_servers, JOBS_SUBMITTED, job_id, "job_submitted", record)
 
 
 def _wait_control_restored(settings: Any, names: list[str], started: float, timeout_s: float) -> float:

@@ -27,7 +27,7 @@ import psutil
 from phaseroute.config import Settings
 from phaseroute.infra import processes
 from phaseroute.infra.kafka_security import with_cluster_config
-from phaseroute.infra.topics import CANARY_RESULTS_TOPIC, RESULTS_TOPIC
+from phaseroute.infra.topics import CANARY_RESULTS, RESULTS
 
 # topics a request crosses: jobs.submitted, requests.pending, prefill.<pool>, results, results.written
 HOPS_COLOCATED = 5
@@ -148,14 +148,14 @@ def requests_and_canaries(settings: Settings, job_id: str, submitted: float, sin
     the window (a canary failed without running, e.g. one a restarted control plane restored
     for a pool of an earlier stack, names no pool and cost no compute: not counted)."""
     first: dict[str, dict[str, Any]] = {}
-    results = [r for r in _records(settings, RESULTS_TOPIC, since) if r["job_id"] == job_id]
+    results = [r for r in _records(settings, RESULTS, since) if r["job_id"] == job_id]
     for r in results:
         if r["job_id"] == job_id and r["request_id"] not in first:
             first[r["request_id"]] = r
     in_system = [r["completed_at"] / 1000 - submitted for r in first.values()]
     compute = [r["prefill_time_s"] + r["kv_transfer_s"] + r["decode_time_s"] for r in first.values()]
     colocated = sum(1 for r in first.values() if r["colocated"])
-    canaries = [r for r in _records(settings, CANARY_RESULTS_TOPIC, since)
+    canaries = [r for r in _records(settings, CANARY_RESULTS, since)
                 if r["completed_at"] / 1000 <= until and (r["prefill_pool"] in pools or r["decode_pool"] in pools)]
     job_prompt = sum(r["prompt_tokens"] for r in first.values())
     canary_prompt = sum(r["prompt_tokens"] for r in canaries)

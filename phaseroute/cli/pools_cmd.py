@@ -37,7 +37,7 @@ from phaseroute.infra.kafka_security import with_cluster_config
 from phaseroute.infra.topics import POOL_NAME
 from phaseroute.schemas import serde
 
-HEARTBEAT_TOPIC = "pools.heartbeat"
+POOLS_HEARTBEAT = "pools.heartbeat"
 TELEMETRY_TOPIC = "telemetry.phase"
 MISSED_BEATS = 3
 GROUP = re.compile(r"^phaseroute\.(prefill|decode|both)\.(.+)$")
@@ -50,7 +50,7 @@ class Sources:
     """Where to read (tests and prefixed deployments use their own topics)."""
 
     bootstrap: str
-    heartbeat_topic: str = HEARTBEAT_TOPIC
+    heartbeat_topic: str = POOLS_HEARTBEAT
     telemetry_topic: str = TELEMETRY_TOPIC
     timeout_s: float = 10.0
 
@@ -236,7 +236,7 @@ def pools(
     only: list[str] = typer.Option([], "--pool", help="Only this pool (repeatable)."),
     window_s: float = typer.Option(60.0, "--window-s", min=1.0, help="Heartbeats and throughput of the last N seconds."),
     show_all: bool = typer.Option(False, "--all", help="Also pools of earlier stacks that only topics and consumer groups remember."),
-    heartbeat_topic: str = typer.Option(HEARTBEAT_TOPIC, "--heartbeat-topic", hidden=True),
+    heartbeat_topic: str = typer.Option(POOLS_HEARTBEAT, "--heartbeat-topic", hidden=True),
     telemetry_topic: str = typer.Option(TELEMETRY_TOPIC, "--telemetry-topic", hidden=True),
 ) -> None:
     """The pools that run now, per phase: workers alive (heartbeats), consumer lag (committed offsets
