@@ -10,6 +10,10 @@ Life of a run: the parent splits the prompts into ``workers`` shares of about eq
 process per share (``spawn``: torch reads its thread settings at import). Each builds its own
 executor, then waits at a barrier so that no model load is timed; all start together and run
 ``bench.engine_alone`` on their share (prefill in batches, then continuous-batching decode).
+Each process leads a session of its own, as every worker ``phaseroute up`` starts does: with
+``sched_autogroup`` the kernel shares the CPU between sessions first, so engine processes left in
+the bench's session would get one share between them on a machine with other work, and the
+stack's workers one share each (the comparison skewed toward the stack under load).
 The result: output tokens of all shares over the wall from the common start to the last
 finish, and CPU seconds summed over the processes.
 """
@@ -17,6 +21,7 @@ finish, and CPU seconds summed over the processes.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 import time
 from typing import Any
@@ -59,7 +64,8 @@ def engine_alone_workers(work: list[tuple[list[int], int]], config: BenchConfig,
         "workers": len(procs), "threads": config.threads, "output_tokens": tokens, "wall_s": round(wall, 2),
         "cpu_s": round(cpu, 2), "output_tokens_per_s": round(tokens / wall, 2),
         "output_tokens_per_cpu_s": round(tokens / max(cpu, 1e-9), 3),
-        "per_worker": [{k: o[k] for k in ("output_tokens", "wall_s", "prefill_s", "decode_s", "decode_mean_batch")} for o in outcomes],
+        "per_worker": [{k: o[k] for k in ("output_tokens", "wall_s", "prefill_s", "decode_s", "decode_mean_batch",
+                                          "own_session")} for o in outcomes],
     }
 
 
@@ -77,10 +83,20 @@ def _run_share(work: list[tuple[list[int], int]], config: BenchConfig, barrier: 
     from phaseroute.engine.registry import build_executor
 
     try:
+        own_session = _lead_a_session()
         ex = build_executor(config.model, config.variant, threads=config.threads)
         barrier.wait(timeout=_START_TIMEOUT_S)  # a broken barrier (another worker failed) raises here
         outcome = engine_alone(ex, work, config)
-        results.put({**outcome, "finished_at": time.time()})
+        results.put({**outcome, "finished_at": time.time(), "own_session": own_session})
     except Exception as exc:  # reported to the parent, which raises it
         barrier.abort()
         results.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def _lead_a_session() -> bool:
+    """Start a session (and so an autogroup) of this process's own; whether it leads one now."""
+    try:
+        os.setsid()
+    except OSError:  # it leads a process group already: setsid is refused, its session stays
+        pass
+    return os.getsid(0) == os.getpid()

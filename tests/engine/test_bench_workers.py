@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from phaseroute.engine.bench import BenchConfig, engine_alone
+from phaseroute.engine.bench import BenchConfig, _median_round, engine_alone
 from phaseroute.engine.bench_workers import _balanced_shares, engine_alone_workers
 from phaseroute.engine.registry import build_executor
 
@@ -31,6 +31,16 @@ def test_two_processes_produce_what_one_does() -> None:
     assert split["workers"] == 2 and len(split["per_worker"]) == 2
     assert split["output_tokens"] == alone["output_tokens"] == sum(w["output_tokens"] for w in split["per_worker"])
     assert split["output_tokens_per_s"] > 0 and split["cpu_s"] > 0
+    # each leads its own session (its own autogroup), as the stack's workers do
+    assert all(w["own_session"] for w in split["per_worker"])
+
+
+def test_the_figures_are_the_median_passes() -> None:
+    rounds = [({"tokens_per_s": c}, {"tokens_per_s": b}) for c, b in ((90.0, 15.0), (130.0, 12.0), (110.0, 18.0))]
+    cb, base = _median_round(rounds)
+    assert (cb["tokens_per_s"], base["tokens_per_s"]) == (110.0, 15.0)
+    with pytest.raises(ValueError, match="passes=0"):
+        BenchConfig(passes=0)
 
 
 def test_a_worker_that_fails_is_reported_with_its_error() -> None:
