@@ -125,13 +125,15 @@ def bench_engine(
     threads: int = typer.Option(2, "--threads", min=1, help="torch intra-op threads."),
     prompts: int = typer.Option(64, "--prompts", min=8, help="Number of prompts (mixed lengths)."),
     store: str = typer.Option(None, "--store", help="KV store URL or directory (default: settings kv_store)."),
+    passes: int = typer.Option(3, "--passes", min=1, help="Rounds of (continuous, generate()) decode; figures are medians."),
 ) -> None:
     """Continuous batching vs generate() per request, prefill tokens/s, KV handoff cost, memory."""
     from phaseroute.engine.bench import BenchConfig, run_bench
     from phaseroute.engine.errors import EngineError
 
     with errors_as_messages(EngineError, ValueError), json_stdout(as_json) as emit:
-        config = BenchConfig(model=model, variant=variant, threads=threads, n_prompts=prompts, store_url=store)
+        config = BenchConfig(model=model, variant=variant, threads=threads, n_prompts=prompts, store_url=store,
+                             passes=passes)
         started = time.perf_counter()
         report = run_bench(config, progress=lambda msg: console.print(f"[{time.perf_counter() - started:6.1f} s] {msg}", highlight=False))
         if as_json:

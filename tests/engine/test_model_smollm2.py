@@ -163,8 +163,10 @@ def test_bench_smoke_reports_every_figure(tmp_path: Path) -> None:
     """A tiny run of `phaseroute bench engine` (the real bench is a command, not a timed test)."""
     from phaseroute.engine.bench import BenchConfig, run_bench
 
-    config = BenchConfig(n_prompts=8, lengths=(48, 64), max_tokens=(3, 5), prefill_batch=4, handoff_min_tokens=48, store_url=str(tmp_path))
+    config = BenchConfig(n_prompts=8, lengths=(48, 64), max_tokens=(3, 5), prefill_batch=4, handoff_min_tokens=48,
+                         store_url=str(tmp_path), passes=2)
     report = run_bench(config)
+    assert report["decode_passes"] == 2 and len(report["decode_speedup_vs_generate_per_pass"]) == 2
     for key in ("decode_tokens_per_s_continuous", "decode_tokens_per_s_generate_baseline", "decode_speedup_vs_generate",
                 "prefill_tokens_per_s", "kv_handoff_pct_of_prefill", "kv_blob_bytes_per_token", "peak_rss_bytes"):
         assert report[key] > 0, key
