@@ -150,7 +150,8 @@ def _pipeline(settings: Any, setup: str, texts: list[str], work: list[tuple[list
         console.print(f"{setup}: started {', '.join(names)}; waiting for pools and profiles ...", highlight=False)
         stack.wait_until_ready(settings, pools, names, timeout_s=300)
         control_ready_s = _wait_control_restored(settings, names, started, timeout_s=300)
-        cpu = breakdown.ProcessCPU(settings, names)
+        # the local broker is part of the stack's cost (the engine alone needs none): counted with it
+        cpu = breakdown.ProcessCPU(settings, names + ([] if settings.external_kafka else ["kafka"]))
         job_id = f"bench-{setup}-{uuid.uuid4().hex[:6]}"
         submitted = time.time()
         _submit(settings, job_id, texts, work)
