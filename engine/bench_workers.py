@@ -24,6 +24,7 @@ import multiprocessing
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from phaseroute.engine.bench import BenchConfig, engine_alone
@@ -84,6 +85,8 @@ def _run_share(work: list[tuple[list[int], int]], config: BenchConfig, barrier: 
 
     try:
         own_session = _lead_a_session()
+        parent = os.getppid()
+        threading.Thread(target=_exit_with_parent, args=(parent,), name="exit-with-parent", daemon=True).start()
         ex = build_executor(config.model, config.variant, threads=config.threads)
         barrier.wait(timeout=_START_TIMEOUT_S)  # a broken barrier (another worker failed) raises here
         outcome = engine_alone(ex, work, config)
@@ -91,6 +94,16 @@ def _run_share(work: list[tuple[list[int], int]], config: BenchConfig, barrier: 
     except Exception as exc:  # reported to the parent, which raises it
         barrier.abort()
         results.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def _exit_with_parent(parent: int, getppid: Callable[[], int] = os.getppid,
+                      exit_now: Callable[[int], object] = os._exit, interval_s: float = 1.0) -> None:
+    """End this process once ``parent`` is gone (its parent id changes): in a session of its
+    own, a worker no longer hears the terminal's Ctrl-C, and a bench killed with SIGKILL would
+    otherwise leave it computing its share, or waiting out the start barrier, for minutes."""
+    while getppid() == parent:
+        time.sleep(interval_s)
+    exit_now(1)
 
 
 def _lead_a_session() -> bool:

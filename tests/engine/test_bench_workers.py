@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from phaseroute.engine.bench import BenchConfig, _median_round, engine_alone
-from phaseroute.engine.bench_workers import _balanced_shares, engine_alone_workers
+from phaseroute.engine.bench_workers import _balanced_shares, _exit_with_parent, engine_alone_workers
 from phaseroute.engine.registry import build_executor
 
 TINY = BenchConfig(model="tiny-llama", threads=1, n_prompts=6, prefill_batch=2, max_batch=8)
@@ -41,6 +41,13 @@ def test_the_figures_are_the_median_passes() -> None:
     assert (cb["tokens_per_s"], base["tokens_per_s"]) == (110.0, 15.0)
     with pytest.raises(ValueError, match="passes=0"):
         BenchConfig(passes=0)
+
+
+def test_a_worker_ends_once_its_parent_is_gone() -> None:
+    parents = iter([100, 100, 1])  # the bench's pid twice, then init's: the bench died
+    exits: list[int] = []
+    _exit_with_parent(100, getppid=lambda: next(parents), exit_now=exits.append, interval_s=0.0)
+    assert exits == [1]
 
 
 def test_a_worker_that_fails_is_reported_with_its_error() -> None:
