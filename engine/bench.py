@@ -176,7 +176,8 @@ def _handoff(results: list[PrefillResult], shares: list[float], config: BenchCon
 
 
 def _median_round(rounds: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The continuous pass and the ``generate()`` pass of median tokens/s (each chosen on its own)."""
+    """The continuous pass and the ``generate()`` pass of median tokens/s (each chosen on its own;
+    of an even count, the lower of the two middle ones)."""
     cbs = sorted((c for c, _ in rounds), key=lambda r: r["tokens_per_s"])
     bases = sorted((b for _, b in rounds), key=lambda r: r["tokens_per_s"])
     return cbs[(len(cbs) - 1) // 2], bases[(len(bases) - 1) // 2]
