@@ -51,7 +51,6 @@ from phaseroute.streams.policy.quality import PathState, QualityConfig, QualityS
 log = logging.getLogger(__name__)
 DRIFT_TOPIC = topics.TELEMETRY_DRIFT
 ALERTS_TOPIC = topics.QUALITY_ALERTS
-PROFILES = topics.PROFILES
 REQUESTS_TOPIC = topics.REQUESTS_PENDING
 MODES = tuple(CanaryMode)
 KEEP_CLOSED = 200  # closed rounds kept in memory (for reports and tests)
@@ -77,7 +76,7 @@ class MonitorConfig:
     quality: QualityConfig = field(default_factory=QualityConfig)
     only_pools: tuple[str, ...] = ()
     """Measure only paths between these pools (empty: every live pool)."""
-    profiles_topic: str = PROFILES
+    profiles_topic: str = topics.PROFILES
     drift_topic: str = DRIFT_TOPIC
     alerts_topic: str = ALERTS_TOPIC
 

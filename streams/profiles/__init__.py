@@ -7,10 +7,10 @@ the policy's profile rows -> the compacted ``profiles`` topic.
 policy's (``phaseroute.streams.policy.profile_builder``).
 """
 
-from phaseroute.streams.profiles.builder import PROFILES, BuilderConfig, ProfileBuilder, service_builder
+from phaseroute.streams.profiles.builder import BuilderConfig, ProfileBuilder, service_builder
 from phaseroute.streams.profiles.convert import from_avro, link_to_avro, profiler_rows, record_key, row_to_avro, table_from_avro
 
 __all__ = [
-    "PROFILES", "BuilderConfig", "ProfileBuilder", "service_builder",
+    "BuilderConfig", "ProfileBuilder", "service_builder",
     "from_avro", "link_to_avro", "profiler_rows", "record_key", "row_to_avro", "table_from_avro",
 ]

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from phaseroute.infra import topics
 from phaseroute.schemas import serde
 from phaseroute.streams.policy import (
     LinkProfile,
@@ -39,7 +40,6 @@ from phaseroute.streams.profiles import aggregates_sql as sql
 from phaseroute.streams.profiles.convert import link_to_avro, profiler_rows, record_key, row_to_avro
 
 log = logging.getLogger(__name__)
-PROFILES = "profiles"
 
 
 class Producer(Protocol):
@@ -52,7 +52,7 @@ class Producer(Protocol):
 
 @dataclass(frozen=True)
 class BuilderConfig:
-    topic: str = PROFILES
+    topic: str = topics.PROFILES
     """Topic the records go to (tests use their own)."""
     interval_s: float = 5.0
     """Seconds between builds when run from ``on_tick``."""
