@@ -13,7 +13,13 @@ desk in turn, so the desks share them). It measures:
   and dispatched (work records the fake fleet answered, first -> last);
 - the dispatch ticks' cost as the control plane logs it every 10 s (``streams/tick_stats.py``),
   with the most requests queued in each window;
-- which instance's desk judged each job.
+- which instance's desk judged each job;
+- what the dispatcher read back from its tables before it served (``restored_at_start``): a
+  control plane stopped before it forgot its finished jobs' requests (the bench stops it as soon
+  as the last job completes) leaves them there, and the next run on the same broker restores
+  them first, and its figures carry that (2026-12-07, runs of 2 x 20,000 one after the other:
+  the second restored 20,024 requests, the third 40,000; an instance started on ~20,000 of them
+  served 37-50 s after its start). Compare runs on fresh brokers, or runs that restored the same.
 Everything it started is stopped at the end. The figures are printed, never judged: the
 issue's goal (>= 1,000 requests/s, a flat tick cost) is compared in the note.
 """
@@ -83,6 +89,14 @@ def _wait_for_line(log: Path, needle: str, procs: dict[str, subprocess.Popen[byt
     raise TimeoutError(f"{needle!r} not in {log} after {timeout_s:.0f} s")
 
 
+def _restored_at_start(log_text: str) -> dict[str, int] | None:
+    """The requests and jobs the dispatcher read back from its tables (its ``RESTORED`` line)."""
+    from phaseroute.cli.bench_failover import RESTORED_LINE
+
+    match = RESTORED_LINE.search(log_text)
+    return None if match is None else {"requests": int(match.group(1)), "jobs": int(match.group(2))}
+
+
 def _spread_ids(run_id: str, jobs: int, partitions: list[int]) -> list[str]:
     """Job ids that land on ``partitions`` of ``jobs.submitted`` in turn."""
     from phaseroute.infra.topics import partition_of
@@ -130,6 +144,7 @@ def run(settings: Settings, jobs: int, requests: int, pools: int, timeout_s: flo
     fleet.start()
     try:
         _wait_for_line(work / "control-0.log", RESTORED, procs, 180)  # the first instance is the dispatcher
+        restored = _restored_at_start((work / "control-0.log").read_text(errors="replace"))
         for i in range(1, control):
             start_process(procs, work, f"control-{i}", "control")
         partitions = _wait_for_desks(bootstrap, control, procs, 120)
@@ -166,7 +181,8 @@ def run(settings: Settings, jobs: int, requests: int, pools: int, timeout_s: flo
                  for m in LINE.finditer((work / f"control-{i}.log").read_text(errors="replace"))]
         return {
             "fleet": f"FAKE: {pools} instant colocated pools (no model runs)", "control_instances": control,
-            "jobs": jobs, "requests_per_job": requests, "judged_by": _judged_by(work, control),
+            "jobs": jobs, "requests_per_job": requests, "restored_at_start": restored,
+            "judged_by": _judged_by(work, control),
             "all_finished": len(finished) == jobs, "states": {j: s for j, (_, s) in finished.items()},
             "admission_s": {j: round(admitted[j] - submitted[j], 1) for j in admitted},
             "completion_s": {j: round(t - submitted[j], 1) for j, (t, _) in finished.items()},
