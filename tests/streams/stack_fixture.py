@@ -72,7 +72,10 @@ class LiveStack:
                 proc.wait(10)
 
     def stop_all(self) -> None:
-        for name in list(self.procs):
+        """Newest first: standbys stop before the active control instance, so stopping the stack
+        starts no takeover (a standby that took the lease as the active one stopped got SIGTERM
+        while it restored, and hung 60 s until killed: docs/operating-the-stack.md)."""
+        for name in reversed(list(self.procs)):
             self.stop(name)
 
     def wait_job(self, job_id: str, timeout_s: float, final: bool = True, done_at_least: int = 0) -> dict:
