@@ -58,6 +58,7 @@ from phaseroute.streams.core import ControlCore
 from phaseroute.streams.edge import Send, ms
 from phaseroute.streams.faust_fixes import (
     drain_table_writes_before_commits,
+    hold_until_ready,
     keep_changelog_partitions_known,
     read_uncommitted_partitions_from_the_start,
 )
@@ -164,8 +165,7 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
     def agent_for(source: str, kind: str, name: str) -> None:
         async def process(stream: Any) -> None:
             async for event in stream.events():
-                while not handle["ready"]:  # the views and the restored core come first
-                    await asyncio.sleep(0.1)
+                await hold_until_ready(app, event, lambda: bool(handle["ready"]))  # the views and the restored core first
                 m, value = event.message, event.value
                 if isinstance(value, Undecodable):
                     await dead.send(key=m.topic.encode(), value=value.to_dead_letter(

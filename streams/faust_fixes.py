@@ -1,6 +1,6 @@
-"""Three corrections to faust-streaming (0.15.3, with aiokafka) that the control plane needs.
+"""Corrections to faust-streaming (0.15.3, with aiokafka) that the control plane needs.
 
-Each was found by measurement on the real broker; each is applied to one app, at build time:
+Each was found on the real broker. Three are applied to one app, at build time:
 
 - ``drain_table_writes_before_commits``: an offset commit waits until every buffered table
   write was sent (after the app wrote the state it keeps in memory, when it has a
@@ -10,6 +10,9 @@ Each was found by measurement on the real broker; each is applied to one app, at
 - ``keep_changelog_partitions_known``: a table write still finds its changelog's partition after
   the producer's metadata forgot the changelog topic (which happens once any topic created after
   the app started is sent to, such as the ``prefill.<pool>`` topic of a pool added to the stack).
+
+One is how an agent waits: ``hold_until_ready`` holds an event until the app can handle it, and
+lets it go unacked when the app stops first, so a stop before then neither hangs nor loses it.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import faust
-from faust.types import TP
+from faust.types import TP, EventT
 
 log = logging.getLogger(__name__)
 DRAIN_LIMIT_S = 120.0  # longest a commit waits for the table writes of the events it commits
+READY_POLL_S = 0.1  # how often an agent holding an event looks whether the app became ready
 
 
 def drain_table_writes_before_commits(app: faust.App, write_state: Callable[[], None] | None = None) -> None:
@@ -123,3 +127,26 @@ def keep_changelog_partitions_known(app: faust.App) -> None:
         return cast(TP, key_partition(topic, key))
 
     producer.key_partition = key_partition_of_a_known_topic
+
+
+async def hold_until_ready(app: faust.App, event: EventT[Any], ready: Callable[[], bool]) -> None:
+    """Return once ``ready()``: an agent's event waits here until the app can handle it (the
+    control plane's agents wait for the restored core).
+
+    Faust's stop waits until every event an agent took was acked (``wait_empty``), and an ack
+    lets the next commit move past the event. An app stopped before it was ready hung there: its
+    agents held events they could not handle, the timer that would have made it ready had
+    stopped, and nothing acked them (seen in CI: a standby that got SIGTERM 0.08 s after it took
+    the control lease, before its restore, hung 60 s until it was killed). Acking them would
+    have committed events the app never handled. Here, once the app stops, the held event is let
+    go without an offset to commit: Faust stops waiting for it, no commit covers it, and the next
+    owner of its partition reads it, as after a kill. The event stays held until the agent is
+    cancelled, so it is never handled after that."""
+    while not ready():
+        if app.should_stop:
+            message: Any = event.message  # marked acked without Consumer.ack: no offset to commit
+            message.acked = True
+            log.warning("stopping before the app was ready: %s[%d]@%d is left for the next owner",
+                        message.topic, message.partition, message.offset)
+            await asyncio.Event().wait()  # never handled here: held until the agent is cancelled
+        await asyncio.sleep(READY_POLL_S)
