@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 from confluent_kafka import Consumer, Producer
@@ -42,6 +43,8 @@ class InstantFleet:
         self.answered = 0
         self.first_work_at: float | None = None
         self.last_work_at: float | None = None
+        self.longest_idle_s = 0.0  # the longest time without work between the first and the last work record
+        self.work_per_s: Counter[int] = Counter()  # work records answered, by the second (epoch) they came in
         self._stop = threading.Event()
         self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "log_level": 4})
         self._threads = [threading.Thread(target=self._announce, daemon=True, name="fake-fleet-announce"),
@@ -103,12 +106,26 @@ class InstantFleet:
                     _, work = serde.decode(value)
                     self._producer.produce(RESULTS, key=work["job_id"].encode(),
                                            value=serde.encode("result", self._result(work)))
-                    self.answered += 1
-                    self.last_work_at = time.time()
-                    self.first_work_at = self.first_work_at or self.last_work_at
+                    self._count(time.time())
                 self._producer.poll(0)
         finally:
             consumer.close()
+
+    def _count(self, now: float) -> None:
+        if self.last_work_at is not None:
+            self.longest_idle_s = max(self.longest_idle_s, now - self.last_work_at)
+        self.answered += 1
+        self.work_per_s[int(now)] += 1
+        self.last_work_at = now
+        self.first_work_at = self.first_work_at or now
+
+    def work_per_window(self, since: float, until: float, window_s: float = 10.0) -> list[int]:
+        """Work records answered in each ``window_s`` from ``since`` to ``until`` (whole seconds)."""
+        windows = [0] * max(1, int((until - since) // window_s) + 1)
+        for second, n in self.work_per_s.items():
+            if since <= second <= until:
+                windows[int((second - since) // window_s)] += n
+        return windows
 
     @staticmethod
     def _result(work: dict[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,9 @@ desk in turn, so the desks share them). It measures:
   and dispatched (work records the fake fleet answered, first -> last);
 - the dispatch ticks' cost as the control plane logs it every 10 s (``streams/tick_stats.py``),
   with the most requests queued in each window;
+- the fleet's side: the work it got per 10 s, and the longest time it got none between its
+  first and its last work record (``fleet_longest_idle_s``: a dispatcher that stops releasing
+  while requests wait, as it did while it read a big job before 2026-12-07, shows there);
 - which instance's desk judged each job;
 - what the dispatcher read back from its tables before it served (``restored_at_start``): a
   control plane stopped before it forgot its finished jobs' requests (the bench stops it as soon
@@ -191,6 +194,10 @@ def run(settings: Settings, jobs: int, requests: int, pools: int, timeout_s: flo
             "dispatched": fleet.answered,
             "requests_per_s_dispatched": round(fleet.answered / dispatch_s, 1) if dispatch_s > 0 else None,
             "tick_windows": [{k: float(v) for k, v in t.items()} for t in ticks],
+            # the fleet's side: the longest time it got no work mid-run (a dispatcher that stalls while
+            # requests wait shows here), and the work it got per 10 s from the first submission
+            "fleet_longest_idle_s": round(fleet.longest_idle_s, 1),
+            "fleet_work_per_10s": fleet.work_per_window(first, last),
             **({"failover": probe.report(first)} if probe is not None else {}),
             "logs": str(work),
         }
