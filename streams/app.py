@@ -58,6 +58,7 @@ from phaseroute.streams.core import ControlCore
 from phaseroute.streams.edge import Send, ms
 from phaseroute.streams.faust_fixes import (
     drain_table_writes_before_commits,
+    fetch_in_small_slices,
     hold_until_ready,
     keep_changelog_partitions_known,
     read_uncommitted_partitions_from_the_start,
@@ -73,6 +74,7 @@ APP_ID = topics.CONTROL_APP_ID
 CATCH_UP_S = 15.0  # how long a (re)start waits for the profile and pool views before it dispatches anyway
 LOAD_EVERY_S = 1.0  # how often the dispatcher's load snapshot goes to the admission desks
 FLUSH_EVERY_S = 1.0  # how often the core's changed state is written to its tables without a commit
+FETCH_BYTES = 65_536  # per partition, once restored: a big job's pending requests do not hold the results back
 SERVED_MODELS = ("smollm2-135m",)  # the models the control plane admits jobs for
 
 # (topic, Avro kind, agent name): every topic the control plane reads
@@ -209,6 +211,7 @@ def build_app(settings: Settings, tenants_file: Path | None = None, models: tupl
         while waited < CATCH_UP_S and not all(f.caught_up.is_set() for f in followers):
             await asyncio.sleep(0.1)
             waited += 0.1
+        fetch_in_small_slices(app, FETCH_BYTES)
         now = time.time()
         sends = shell.restore(now)
         log.info("%s: %d requests, %d jobs from the tables; %d final results sent again", RESTORED,

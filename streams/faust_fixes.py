@@ -13,6 +13,9 @@ Each was found on the real broker. Three are applied to one app, at build time:
 
 One is how an agent waits: ``hold_until_ready`` holds an event until the app can handle it, and
 lets it go unacked when the app stops first, so a stop before then neither hangs nor loses it.
+One is applied once the tables are recovered: ``fetch_in_small_slices`` keeps a flood of one
+topic from holding the records of every other topic back (a big job's pending requests held
+the results that free the fleet's slots back for ~40 s).
 """
 
 from __future__ import annotations
@@ -150,3 +153,31 @@ async def hold_until_ready(app: faust.App, event: EventT[Any], ready: Callable[[
                         message.topic, message.partition, message.offset)
             await asyncio.Event().wait()  # never handled here: held until the agent is cancelled
         await asyncio.sleep(READY_POLL_S)
+
+
+def fetch_in_small_slices(app: faust.App, partition_bytes: int) -> None:
+    """From now on fetch at most ``partition_bytes`` of each partition at a time (aiokafka's
+    ``max_partition_fetch_bytes``, 1 MiB unless set), so no partition's backlog holds the
+    others' records back for long.
+
+    aiokafka hands records over from the partitions whose fetches are buffered, in the order the
+    fetches arrived, and fetches a partition again only once its buffer is drained; Faust hands
+    each poll's records to the agents (round-robin by topic), waiting while an agent's queue is
+    full, and polls again only once the whole poll was handed over. So one poll of eight full
+    megabytes of pending requests ends with thousands of them after the last result it held,
+    handed over at the agent's pace, while the results read meanwhile wait for the next poll:
+    while the control plane read 40,000 pending requests it read no result and dispatched nothing
+    for ~40 s, the fleet's slots staying taken (``phaseroute bench control``, 2026-12-07: ticks of
+    0.2-0.3 ms releasing nothing while the queue rose from 8,600 to 35,500). With small buffers a
+    poll is small and the results come in every poll (the bench's fake fleet then waited at most
+    1.8-3.4 s for work mid-run, against 9.2-18.0 s without). Faust's poll limit
+    (``broker_max_poll_records``) alone did not help (measured): it takes a poll's records from
+    the partitions in the order their fetches arrived, so the results still come after the
+    buffered megabytes. Not used while the tables recover: reading the changelogs in small
+    fetches made a restart's recovery of ~20,000 requests take 60-81 s instead of 37-40 s."""
+    consumer = cast(Any, app.consumer)._thread._ensure_consumer()  # the aiokafka consumer in Faust's thread
+    fetcher = consumer._fetcher  # it reads the size anew for every fetch request it builds
+    if fetcher._max_partition_fetch_bytes != partition_bytes:
+        log.info("fetching at most %d bytes of a partition at a time (was %d)", partition_bytes,
+                 fetcher._max_partition_fetch_bytes)
+        fetcher._max_partition_fetch_bytes = partition_bytes
