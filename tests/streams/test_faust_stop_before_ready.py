@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,7 @@ def _committed(bootstrap: str, group: str, topic: str) -> int:
 
 
 @pytest.fixture
-def source(bootstrap: str) -> tuple[str, str]:
+def source(bootstrap: str) -> Iterator[tuple[str, str]]:
     """A one-partition topic holding one record (offset 0), and a fresh group id to read it with."""
     tag = uuid.uuid4().hex[:8]
     topic = f"test.faust-unready.{tag}"
