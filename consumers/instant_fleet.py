@@ -122,7 +122,7 @@ class InstantFleet:
     def work_per_window(self, since: float, until: float, window_s: float = 10.0) -> list[int]:
         """Work records answered in each ``window_s`` from ``since`` to ``until`` (whole seconds)."""
         windows = [0] * max(1, int((until - since) // window_s) + 1)
-        for second, n in self.work_per_s.items():
+        for second, n in list(self.work_per_s.items()):  # a copy: the answering thread may still add
             if since <= second <= until:
                 windows[int((second - since) // window_s)] += n
         return windows
