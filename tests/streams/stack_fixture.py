@@ -74,7 +74,8 @@ class LiveStack:
     def stop_all(self) -> None:
         """Newest first: standbys stop before the active control instance, so stopping the stack
         starts no takeover (a standby that took the lease as the active one stopped got SIGTERM
-        while it restored, and hung 60 s until killed: docs/operating-the-stack.md)."""
+        while it restored; before ``hold_until_ready`` it hung 60 s until killed, and a takeover
+        on the way down is time the tests need not spend: docs/operating-the-stack.md)."""
         for name in reversed(list(self.procs)):
             self.stop(name)
 
