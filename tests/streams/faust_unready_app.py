@@ -1,4 +1,4 @@
-"""A minimal Faust app for ``test_faust_fixes.py`` (run as a subprocess): an agent whose events
+"""A minimal Faust app for ``test_faust_stop_before_ready.py`` (run as a subprocess): an agent whose events
 wait until the app is ready, as the control plane's agents wait for the restored core.
 
 The agent prints ``holding <partition> <offset>`` when it takes an input record, waits until
