@@ -15,6 +15,7 @@ Life of the local broker:
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
@@ -105,13 +106,18 @@ def check_toolchain() -> tuple[str, str]:
 
 
 def resolve_jars(settings: Settings, mvn: str) -> Path:
-    """Copy the broker's runtime classpath from Maven Central into the layout (once per version)."""
+    """Copy the broker's runtime classpath from Maven Central into the layout, once per Kafka
+    version and pom: the marker names both, and a classpath resolved from another pom is
+    removed first (its jars would stay on ``libs/*`` beside the new ones)."""
     layout = layout_for(settings)
     marker = layout.libs / ".resolved"
-    if marker.exists():
-        return layout.libs
-    layout.libs.mkdir(parents=True, exist_ok=True)
     pom = resources.files("phaseroute.infra") / "kafka" / "pom.xml"
+    want = f"{settings.kafka_version} {hashlib.sha256(pom.read_bytes()).hexdigest()[:16]}"
+    if marker.exists() and marker.read_text() == want:
+        return layout.libs
+    if layout.libs.exists():
+        shutil.rmtree(layout.libs)
+    layout.libs.mkdir(parents=True)
     with resources.as_file(pom) as pom_path:
         cmd = [
             mvn, "-q", "-B", "-f", str(pom_path),
@@ -125,7 +131,7 @@ def resolve_jars(settings: Settings, mvn: str) -> Path:
             f"Maven could not resolve Apache Kafka {settings.kafka_version} (exit {proc.returncode}): "
             + (proc.stdout + proc.stderr).strip()[-1500:]
         )
-    marker.write_text(settings.kafka_version)
+    marker.write_text(want)
     return layout.libs
 
 

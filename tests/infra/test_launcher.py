@@ -36,6 +36,29 @@ def test_too_old_java_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         kafka_launcher.check_toolchain()
 
 
+def test_jars_are_resolved_again_when_the_pom_changes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The classpath is ``libs/*``: jars of an earlier pom must not stay beside the new ones."""
+    from phaseroute.config import load_settings
+
+    monkeypatch.setenv("PHASEROUTE_HOME", str(tmp_path / "home"))
+    settings = load_settings()
+    calls = tmp_path / "mvn-calls"
+    mvn = tmp_path / "mvn"  # a stand-in for Maven that copies one jar named for the version asked
+    mvn.write_text('#!/bin/sh\necho "$@" >> ' + str(calls) + '\nfor a in "$@"; do case "$a" in\n'
+                   '  -Dkafka.version=*) v=${a#-Dkafka.version=};;\n  -DoutputDirectory=*) out=${a#-DoutputDirectory=};;\n'
+                   'esac; done\ntouch "$out/kafka_2.13-$v.jar"\n')
+    mvn.chmod(0o755)
+    libs = kafka_launcher.resolve_jars(settings, str(mvn))
+    assert (libs / f"kafka_2.13-{settings.kafka_version}.jar").exists()
+    assert kafka_launcher.resolve_jars(settings, str(mvn)) == libs
+    assert len(calls.read_text().splitlines()) == 1  # the same pom: resolved once
+    (libs / "slf4j-api-1.7.36.jar").touch()  # a jar an earlier pom brought
+    (libs / ".resolved").write_text(f"{settings.kafka_version} 0123456789abcdef")  # resolved from another pom
+    kafka_launcher.resolve_jars(settings, str(mvn))
+    assert len(calls.read_text().splitlines()) == 2
+    assert sorted(p.name for p in libs.iterdir()) == [".resolved", f"kafka_2.13-{settings.kafka_version}.jar"]
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("localhost", 0))
@@ -63,6 +86,10 @@ def test_up_answers_and_down_leaves_no_process(tmp_path: Path) -> None:
         assert topics.returncode == 0, topics.stderr
         assert '"topic": "jobs.state"' in topics.stdout and '"status": "ok"' in topics.stdout
         print(f"up answered after {time.monotonic() - started:.1f} s (includes jar resolution from ~/.m2)")
+        # the broker logs through log4j: with slf4j-api 1.7 on its classpath it logged nothing at all
+        (broker_dir,) = (tmp_path / "kafka").glob("*/broker.log")
+        assert "Kafka Server started" in broker_dir.read_text(), "the broker wrote no log (see stdout.log)"
+        assert "no-operation (NOP) logger" not in (broker_dir.parent / "stdout.log").read_text()
         meta = sorted((tmp_path / "kafka").glob("*/data/meta.properties"))
         cluster_before = [p.read_text() for p in meta]
         assert cluster_before and "cluster.id=" in cluster_before[0]
