@@ -18,6 +18,7 @@ import uuid
 from typing import Any
 
 from phaseroute.consumers.drift_monitor import DriftMonitor, MonitorConfig
+from phaseroute.consumers.kafka_clients import LONG_POLL
 from phaseroute.infra import topics
 from phaseroute.infra.kafka_offsets import end_offsets
 from phaseroute.infra.kafka_security import with_cluster_config
@@ -62,7 +63,7 @@ class MonitorService:
         self.follower.start()
         self.consumer = Consumer(with_cluster_config({
             "bootstrap.servers": self.bootstrap, "group.id": f"drift-monitor-{uuid.uuid4().hex}",
-            "enable.auto.commit": False, "fetch.wait.max.ms": 100}))
+            "enable.auto.commit": False, **LONG_POLL}))
         results = topics.CANARY_RESULTS
         parts = self.consumer.list_topics(results, timeout=15).topics[results].partitions
         ends = end_offsets(self.consumer, [TopicPartition(results, p) for p in parts])

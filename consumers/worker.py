@@ -20,6 +20,7 @@ from typing import Any
 from phaseroute.config import Settings
 from phaseroute.consumers.handler import Handler
 from phaseroute.consumers.heartbeat import Heartbeat, WorkerIdentity, kv_format_of
+from phaseroute.consumers.kafka_clients import LONG_POLL
 from phaseroute.consumers.lag_probe import LagProbe
 from phaseroute.consumers.loop import LoopConfig, WorkerLoop
 from phaseroute.consumers.machine import default_threads
@@ -166,6 +167,7 @@ def build_result_sink(settings: Settings, group_suffix: str = "") -> WorkerLoop:
     config = LoopConfig(
         bootstrap=settings.bootstrap_servers, group_id="phaseroute.result-sink" + group_suffix,
         client_id=client_id, topic_kinds={RESULTS: "result"}, service="result-sink",
+        consumer_overrides=dict(LONG_POLL),
     )
     return WorkerLoop(config, handler)
 
@@ -189,6 +191,7 @@ def build_telemetry_sink(settings: Settings, group_suffix: str = "", profiles: b
         topic_kinds={TELEMETRY_PHASE: "phase_telemetry", POOLS_HEARTBEAT: "pool_heartbeat",
                      TELEMETRY_DRIFT: "drift_measurement", QUALITY_ALERTS: "quality_alert"},
         service="telemetry-sink", max_poll=1000,  # small records: take many per poll
+        consumer_overrides=dict(LONG_POLL),
     )
     builder = service_builder(client, settings.bootstrap_servers, settings.clickhouse_database) if profiles else None
     loop = WorkerLoop(config, handler, on_tick=builder.on_tick if builder else None)

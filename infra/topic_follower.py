@@ -22,6 +22,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
+from phaseroute.consumers.kafka_clients import LONG_POLL
 from phaseroute.infra.kafka_offsets import end_offsets
 from phaseroute.infra.kafka_security import with_cluster_config
 from phaseroute.schemas.deadletter import Rejected, safe_decode
@@ -38,7 +39,7 @@ class TopicFollower:
         self.topic, self.kind, self.on_record, self.service = topic, kind, on_record, service
         self.consumer = Consumer(with_cluster_config({
             "bootstrap.servers": bootstrap, "group.id": f"view-{uuid.uuid4().hex}", "enable.auto.commit": False,
-            "fetch.wait.max.ms": 100, "enable.partition.eof": True, **(settings or {})}))
+            **LONG_POLL, "enable.partition.eof": True, **(settings or {})}))
         self._stop = threading.Event()
         self.caught_up = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"follow-{topic}", daemon=True)

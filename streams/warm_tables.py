@@ -32,6 +32,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from faust import stores
 from faust.stores import memory
 
+from phaseroute.consumers.kafka_clients import LONG_POLL
 from phaseroute.infra.kafka_security import with_cluster_config
 from phaseroute.infra.topics import CONTROL_TABLES, changelog_topic
 
@@ -71,7 +72,7 @@ class ChangelogMirror:
         self.copies = {changelog_topic(t): TableCopy() for t in tables}
         self._consumer = Consumer(with_cluster_config({
             "bootstrap.servers": bootstrap, "group.id": f"warm-standby-{uuid.uuid4().hex}",
-            "enable.auto.commit": False, "fetch.wait.max.ms": 100}, cluster))
+            "enable.auto.commit": False, **LONG_POLL}, cluster))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="warm-tables", daemon=True)
         self.applied = 0
