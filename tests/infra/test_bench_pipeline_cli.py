@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from phaseroute.cli.bench_pipeline import BENCH_TENANT, _output_tokens
+from phaseroute.cli.bench_pipeline import BENCH_TENANT, _output_tokens, bracket
 from phaseroute.cli.main import app
 from phaseroute.consumers.output_file import part_name
 from phaseroute.infra.blobstore import open_blob_store, output_prefix
@@ -42,3 +42,11 @@ def test_bench_sink_measures_the_sink_loop_on_a_real_broker(bootstrap: str) -> N
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["poll_rule"] == "wait" and report["records"] >= 20 and report["inserts"] >= 1
     assert 0 < report["loop_share_of_a_core"] < 1 and report["insert_cpu_ms_per_record"] > 0
+
+
+def test_the_ratio_is_taken_against_the_mean_of_the_engine_runs_around_the_setups() -> None:
+    before = {"output_tokens_per_s": 33.6, "output_tokens_per_cpu_s": 20.0}
+    after = {"output_tokens_per_s": 42.0, "output_tokens_per_cpu_s": 22.0}
+    reference = bracket(before, after)
+    assert reference == {"output_tokens_per_s": 37.8, "output_tokens_per_cpu_s": 21.0, "after_over_before": 1.25}
+    assert bracket(before, before)["after_over_before"] == 1.0
