@@ -116,10 +116,9 @@ def resolve_jars(settings: Settings, mvn: str) -> Path:
     version and pom: the marker names both, and a classpath resolved from another pom is
     removed first (its jars would stay on ``libs/*`` beside the new ones)."""
     layout = layout_for(settings)
-    marker = layout.libs / ".resolved"
     pom = resources.files("phaseroute.infra") / "kafka" / "pom.xml"
-    want = f"{settings.kafka_version} {hashlib.sha256(pom.read_bytes()).hexdigest()[:16]}"
-    if marker.exists() and marker.read_text() == want:
+    want = _resolved_marker(settings)
+    if jars_resolved(settings):
         return layout.libs
     if layout.libs.exists():
         shutil.rmtree(layout.libs)
@@ -137,8 +136,19 @@ def resolve_jars(settings: Settings, mvn: str) -> Path:
             f"Maven could not resolve Apache Kafka {settings.kafka_version} (exit {proc.returncode}): "
             + (proc.stdout + proc.stderr).strip()[-1500:]
         )
-    marker.write_text(want)
+    (layout.libs / ".resolved").write_text(want)
     return layout.libs
+
+
+def _resolved_marker(settings: Settings) -> str:
+    pom = resources.files("phaseroute.infra") / "kafka" / "pom.xml"
+    return f"{settings.kafka_version} {hashlib.sha256(pom.read_bytes()).hexdigest()[:16]}"
+
+
+def jars_resolved(settings: Settings) -> bool:
+    """The layout holds the classpath of this Kafka version and this pom."""
+    marker = layout_for(settings).libs / ".resolved"
+    return marker.exists() and marker.read_text() == _resolved_marker(settings)
 
 
 def server_properties(settings: Settings, layout: KafkaLayout) -> str:
@@ -224,8 +234,9 @@ def start(settings: Settings, progress: Callable[[str], None] = _quiet) -> int:
         return running
     java, mvn = check_toolchain()
     layout = layout_for(settings)
-    if not (layout.libs / ".resolved").exists():
-        progress(f"resolving Apache Kafka {settings.kafka_version} with Maven (first time only; ~/.m2 keeps the jars) ...")
+    if not jars_resolved(settings):
+        progress(f"resolving Apache Kafka {settings.kafka_version} with Maven (first time and when the pom changes; "
+                 "~/.m2 keeps the jars) ...")
     libs = resolve_jars(settings, mvn)
     if not (layout.data / "meta.properties").exists():
         progress(f"formatting the KRaft storage in {layout.data} (first time only) ...")

@@ -87,9 +87,9 @@ def test_up_answers_and_down_leaves_no_process(tmp_path: Path) -> None:
         assert '"topic": "jobs.state"' in topics.stdout and '"status": "ok"' in topics.stdout
         print(f"up answered after {time.monotonic() - started:.1f} s (includes jar resolution from ~/.m2)")
         # the broker logs through log4j: with slf4j-api 1.7 on its classpath it logged nothing at all
-        (broker_dir,) = (tmp_path / "kafka").glob("*/broker.log")
-        assert "Kafka Server started" in broker_dir.read_text(), "the broker wrote no log (see stdout.log)"
-        assert "no-operation (NOP) logger" not in (broker_dir.parent / "stdout.log").read_text()
+        (broker_log,) = (tmp_path / "kafka").glob("*/broker.log")
+        assert "Kafka Server started" in broker_log.read_text(), "the broker wrote no log (see stdout.log)"
+        assert "no-operation (NOP) logger" not in (broker_log.parent / "stdout.log").read_text()
         meta = sorted((tmp_path / "kafka").glob("*/data/meta.properties"))
         cluster_before = [p.read_text() for p in meta]
         assert cluster_before and "cluster.id=" in cluster_before[0]
